@@ -1,0 +1,222 @@
+"""Accelerator catalog: typed rows of `data/accelerators.csv`.
+
+The CSV is the single home of hardware numbers; nothing in the code hard-codes a peak.
+Every row carries `sources` (IDs in `data/SOURCES.md`), an `as_of` date and `choice_notes`
+that say which value was chosen where sources disagree and which numbers are derived.
+
+Conventions (see `data/SOURCES.md`):
+- Units: bytes, bytes/s, FLOP/s (ops/s for int8), watts.
+- Tensor rates are dense (no 2:4 sparsity). fp16 tensor = FP16 inputs with FP32 accumulate.
+- A number 0 means "the hardware does not do this"; an empty cell (None) means "no source".
+- One row is one *unit* that is rented or bought (a GPU, or a TPU host such as v3-8).
+  A unit holds `devices_per_unit` devices (1 for GPUs; 8 TPU cores or chips). Flops,
+  bandwidth, `usable_memory_bytes` and `memory_per_device_bytes` are PER DEVICE: TPU memory
+  is never pooled (pytorch/xla #1881). `memory_bytes` is the whole unit's nominal memory.
+"""
+from __future__ import annotations
+
+import csv
+import functools
+from dataclasses import dataclass, fields
+from datetime import date
+from importlib import resources
+from typing import NamedTuple
+
+from .errors import TrainplanError, unknown
+
+DTYPES = ("fp32", "tf32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One row of `accelerators.csv`.
+
+    id: lower-case catalog id (e.g. "a100-sxm4-40gb"). aliases: other accepted names.
+    kind: "gpu" or "tpu". compute_capability: CUDA CC ("8.0"), "" for TPUs (S05).
+    memory_bytes: nominal memory of the whole unit (sum over its devices; never pooled).
+    usable_memory_bytes: what one device lets a framework allocate (T4: 16106127360 B as
+        reported on Kaggle, S23); otherwise the nominal GiB count -- keep a reserve.
+    memory_bandwidth_bytes_per_s: peak device-memory bandwidth per device.
+    fp32_flops: FP32 (non-tensor) peak per device. tf32_flops: dense TF32 tensor peak, 0 if none.
+    fp16_tensor_flops: dense FP16 tensor peak with FP32 accumulate, 0 without FP16 tensor cores.
+    bf16_flops: dense BF16 peak, 0 if unsupported. fp16_nontensor_flops: FP16 on CUDA cores
+        (P100: 18.7e12, S46). int8_ops: dense INT8 tensor peak (ops/s).
+    tensor_cores: "+"-joined tensor precisions ("none", "fp16+int8", "fp16+bf16+tf32+int8", "mxu-bf16").
+    supports_bf16 / flash_attention_2: kernel support (S06: both need sm80+).
+    tdp_watts: board power per device. sustained_clock_fraction: share of boost clock held
+        under training load (T4 900/1590 MHz under its 70 W cap, S38; else 1.0).
+    interconnect / interconnect_bytes_per_s: link used for collectives between devices of one
+        machine and its spec bandwidth per direction per device (S02); efficiency is the time
+        model's job. host_link: link to the host CPU.
+    devices_per_unit: devices one training process sees (GPU 1; tpu-v2-8/v3-8 8 cores; v5e-8 8 chips).
+    as_of: ISO date of the facts. sources: IDs in SOURCES.md. choice_notes: choices and derivations.
+    """
+
+    id: str
+    aliases: tuple[str, ...]
+    name: str
+    vendor: str
+    kind: str
+    compute_capability: str
+    memory_bytes: int
+    usable_memory_bytes: int
+    memory_bandwidth_bytes_per_s: float
+    fp32_flops: float | None
+    tf32_flops: float | None
+    fp16_tensor_flops: float | None
+    bf16_flops: float | None
+    fp16_nontensor_flops: float | None
+    int8_ops: float | None
+    tensor_cores: str
+    supports_bf16: bool
+    flash_attention_2: bool
+    tdp_watts: float | None
+    sustained_clock_fraction: float
+    interconnect: str
+    interconnect_bytes_per_s: float | None
+    devices_per_unit: int
+    memory_per_device_bytes: int
+    host_link: str
+    as_of: str
+    sources: tuple[str, ...]
+    choice_notes: str
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s per device that matmuls in `dtype` really run at.
+
+        - "fp32": the FP32 rate (no TF32 implied).
+        - "tf32": the TF32 tensor rate; on devices without TF32 (pre-Ampere, TPU) the FP32 rate.
+        - "fp16": the FP16 tensor rate; without FP16 tensor cores the non-tensor FP16 rate
+          (P100 18.7e12); 0.0 where FP16 is not supported at all (TPUs).
+        - "bf16": the BF16 rate; 0.0 on devices without BF16 (T4, V100, P100, TITAN RTX):
+          emulation speed is not meaningful, callers report the incompatibility.
+        Not derated by `sustained_clock_fraction`; the time model applies that.
+        """
+        dtype = dtype.lower()
+        if dtype not in DTYPES:
+            raise TrainplanError(f"Unknown dtype {dtype!r} for peak FLOP/s.", allowed=", ".join(DTYPES))
+        if dtype == "bf16":
+            rate = self.bf16_flops if self.supports_bf16 else 0.0
+        elif dtype == "tf32":
+            rate = self.tf32_flops if self.tf32_flops else self.fp32_flops
+        elif dtype == "fp16":
+            rate = self.fp16_tensor_flops or self.fp16_nontensor_flops
+        else:
+            rate = self.fp32_flops
+        if rate is None:
+            raise TrainplanError(
+                f"No sourced {dtype} rate for accelerator {self.id!r}.",
+                fix=f"add the figure with its source to data/accelerators.csv (row {self.id!r})",
+            )
+        return float(rate)
+
+    @property
+    def unit_memory_bytes(self) -> int:
+        """Total memory of the unit (devices x per-device); for display, never for fit checks."""
+        return self.memory_per_device_bytes * self.devices_per_unit
+
+
+class CatalogRow(NamedTuple):
+    """One line of `trainplan catalog`: raw values, formatted by the report layer."""
+
+    id: str
+    name: str
+    kind: str
+    devices_per_unit: int
+    usable_memory_bytes: int
+    memory_bandwidth_bytes_per_s: float
+    bf16_flops: float
+    fp16_flops: float
+    aliases: tuple[str, ...]
+    as_of: str
+
+
+def _opt_float(v: str) -> float | None:
+    return None if v.strip() == "" else float(v)
+
+
+def _bool(v: str) -> bool:
+    if v not in ("yes", "no"):
+        raise ValueError(f"expected yes/no, got {v!r}")
+    return v == "yes"
+
+
+_CONVERT = {
+    "aliases": lambda v: tuple(a.strip().lower() for a in v.split("|") if a.strip()),
+    "sources": lambda v: tuple(s.strip() for s in v.split(";") if s.strip()),
+    "memory_bytes": int, "usable_memory_bytes": int, "memory_per_device_bytes": int,
+    "devices_per_unit": int, "memory_bandwidth_bytes_per_s": float,
+    "sustained_clock_fraction": float, "supports_bf16": _bool, "flash_attention_2": _bool,
+    **{k: _opt_float for k in ("fp32_flops", "tf32_flops", "fp16_tensor_flops", "bf16_flops",
+                               "fp16_nontensor_flops", "int8_ops", "tdp_watts", "interconnect_bytes_per_s")},
+}
+
+
+def _parse_row(row: dict[str, str], line: int) -> Accelerator:
+    where = f"data/accelerators.csv line {line}"
+    try:
+        values = {f.name: _CONVERT.get(f.name, str)(row[f.name]) for f in fields(Accelerator)}
+        acc = Accelerator(**values)
+        date.fromisoformat(acc.as_of)
+    except (KeyError, ValueError) as err:
+        raise TrainplanError(f"Bad accelerator row at {where}: {err}") from err
+    problems = []
+    if acc.kind not in ("gpu", "tpu"):
+        problems.append(f"kind {acc.kind!r} is not gpu|tpu")
+    if not acc.sources:
+        problems.append("no sources")
+    if acc.memory_bytes != acc.memory_per_device_bytes * acc.devices_per_unit:
+        problems.append("memory_bytes != memory_per_device_bytes x devices_per_unit")
+    if not 0 < acc.usable_memory_bytes <= acc.memory_per_device_bytes:
+        problems.append("usable_memory_bytes must be in (0, memory_per_device_bytes]")
+    if problems:
+        raise TrainplanError(f"Bad accelerator row {acc.id!r} at {where}: " + "; ".join(problems))
+    return acc
+
+
+@functools.cache
+def load_accelerators() -> dict[str, Accelerator]:
+    """All catalog rows by id, read once from the packaged CSV."""
+    text = resources.files("trainplan").joinpath("data").joinpath("accelerators.csv").read_text(encoding="utf-8")
+    out: dict[str, Accelerator] = {}
+    for line, row in enumerate(csv.DictReader(text.splitlines()), start=2):
+        acc = _parse_row(row, line)
+        if acc.id in out:
+            raise TrainplanError(f"Duplicate accelerator id {acc.id!r} in data/accelerators.csv line {line}.")
+        out[acc.id] = acc
+    return out
+
+
+def _normalise(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+@functools.cache
+def _lookup_table() -> dict[str, str]:
+    table: dict[str, str] = {}
+    for acc in load_accelerators().values():
+        for key in (acc.id, *acc.aliases):
+            if table.get(key, acc.id) != acc.id:
+                raise TrainplanError(f"Accelerator name {key!r} is used by both {table[key]!r} and {acc.id!r}.")
+            table[key] = acc.id
+    return table
+
+
+def get_accelerator(name: str) -> Accelerator:
+    """Look up by id or alias, case-insensitive ("A100", "tesla-t4", "RTX 3090")."""
+    key = _normalise(name)
+    table = _lookup_table()
+    if key not in table:
+        raise unknown("accelerator", name, load_accelerators(), hint="run `trainplan catalog` to list them")
+    return load_accelerators()[table[key]]
+
+
+def catalog_rows() -> list[CatalogRow]:
+    """Rows for listing: GPUs then TPUs, each by usable memory per device."""
+    accs = sorted(load_accelerators().values(), key=lambda a: (a.kind, a.usable_memory_bytes, a.id))
+    return [
+        CatalogRow(a.id, a.name, a.kind, a.devices_per_unit, a.usable_memory_bytes,
+                   a.memory_bandwidth_bytes_per_s, a.peak_flops("bf16"), a.peak_flops("fp16"),
+                   a.aliases, a.as_of)
+        for a in accs
+    ]

@@ -1,0 +1,140 @@
+"""Replay a traced step's allocations through a model of PyTorch's CUDA caching allocator.
+
+`torch.cuda.max_memory_reserved()` exceeds `max_memory_allocated()` because the caching allocator
+(c10/cuda/CUDACachingAllocator.cpp) never returns memory to the driver during training and cannot
+always reuse what it holds. Its rules, as modelled here:
+
+* sizes round up to 512 bytes (kRoundLarge/kMinBlockSize);
+* requests <= 1 MiB come from the small pool, carved out of 2 MiB segments (kSmallBuffer);
+* larger requests come from the large pool: requests < 10 MiB (kMinLargeAlloc) get a 20 MiB
+  segment (kLargeBuffer), bigger ones a segment rounded up to 2 MiB (kRoundLarge);
+* a request takes the smallest free block of its pool that is large enough (best fit) and splits
+  it when the remainder is worth keeping (small pool: >= 512 B; large pool: > 1 MiB);
+* a freed block merges with free neighbours of the same segment; segments are never released.
+
+Peak reserved = the largest total segment size during the replay.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+KB, MB = 1024, 1024 * 1024
+SMALL_SIZE = 1 * MB
+SMALL_BUFFER = 2 * MB
+LARGE_BUFFER = 20 * MB
+MIN_LARGE_ALLOC = 10 * MB
+ROUND_LARGE = 2 * MB
+MIN_BLOCK = 512
+
+
+@dataclass
+class _Block:
+    seg: int
+    offset: int
+    size: int
+    free: bool = True
+
+
+def _round(n: int) -> int:
+    return max(MIN_BLOCK, (n + MIN_BLOCK - 1) // MIN_BLOCK * MIN_BLOCK)
+
+
+def _segment_size(n: int) -> int:
+    if n <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if n < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return (n + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
+
+
+class CachingAllocatorModel:
+    def __init__(self):
+        self.reserved = 0
+        self.peak_reserved = 0
+        self.allocated = 0
+        self.peak_allocated = 0
+        self._free = {True: [], False: []}      # small? -> sorted [(size, seg, offset)]
+        self._blocks: dict[tuple[int, int], _Block] = {}   # (seg, offset) -> block
+        self._seg_blocks: dict[int, list[int]] = {}        # seg -> sorted offsets
+        self._live: dict[int, _Block] = {}
+        self._nseg = 0
+        self._seg_small: dict[int, bool] = {}
+
+    def _add_free(self, b: _Block, small: bool) -> None:
+        bisect.insort(self._free[small], (b.size, b.seg, b.offset))
+
+    def _remove_free(self, b: _Block, small: bool) -> None:
+        lst = self._free[small]
+        i = bisect.bisect_left(lst, (b.size, b.seg, b.offset))
+        if i < len(lst) and lst[i] == (b.size, b.seg, b.offset):
+            lst.pop(i)
+
+    def malloc(self, key: int, nbytes: int) -> None:
+        size = _round(nbytes)
+        small = size <= SMALL_SIZE
+        lst = self._free[small]
+        i = bisect.bisect_left(lst, (size, -1, -1))
+        if i < len(lst):
+            _, seg, off = lst.pop(i)
+            block = self._blocks[(seg, off)]
+        else:
+            seg_size = _segment_size(size)
+            seg = self._nseg
+            self._nseg += 1
+            self.reserved += seg_size
+            self.peak_reserved = max(self.peak_reserved, self.reserved)
+            block = _Block(seg, 0, seg_size)
+            self._blocks[(seg, 0)] = block
+            self._seg_blocks[seg] = [0]
+            self._seg_small[seg] = small
+        remaining = block.size - size
+        if remaining >= MIN_BLOCK if small else remaining > SMALL_SIZE:
+            rest = _Block(block.seg, block.offset + size, remaining)
+            self._blocks[(rest.seg, rest.offset)] = rest
+            bisect.insort(self._seg_blocks[rest.seg], rest.offset)
+            self._add_free(rest, small)
+            block.size = size
+        block.free = False
+        self._live[key] = block
+        self.allocated += block.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+
+    def free(self, key: int) -> None:
+        block = self._live.pop(key, None)
+        if block is None:
+            return
+        self.allocated -= block.size
+        small = self._seg_small[block.seg]
+        block.free = True
+        offs = self._seg_blocks[block.seg]
+        i = bisect.bisect_left(offs, block.offset)
+        # merge with the next block
+        if i + 1 < len(offs):
+            nxt = self._blocks[(block.seg, offs[i + 1])]
+            if nxt.free:
+                self._remove_free(nxt, small)
+                block.size += nxt.size
+                del self._blocks[(nxt.seg, nxt.offset)]
+                offs.pop(i + 1)
+        # merge with the previous block
+        if i > 0:
+            prev = self._blocks[(block.seg, offs[i - 1])]
+            if prev.free:
+                self._remove_free(prev, small)
+                prev.size += block.size
+                del self._blocks[(block.seg, block.offset)]
+                offs.pop(i)
+                block = prev
+        self._add_free(block, small)
+
+
+def replay(events: list[tuple[int, int]]) -> tuple[int, int]:
+    """(peak allocated, peak reserved) bytes for a traced alloc(+)/free(-) event stream."""
+    model = CachingAllocatorModel()
+    for key, nbytes in events:
+        if nbytes > 0:
+            model.malloc(key, nbytes)
+        else:
+            model.free(key)
+    return model.peak_allocated, model.peak_reserved

@@ -1,0 +1,74 @@
+"""Flags shared by subcommands, and turning them (plus an optional YAML job) into a Job.
+
+Precedence: CLI flags > YAML file > defaults.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from ..errors import TrainplanError
+from ..spec import (ATTENTIONS, CHECKPOINTING, OFFLOADS, OPTIMIZERS, PRECISIONS, STRATEGIES,
+                    TASKS, Job, Lora, load_job, validate)
+
+
+def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) -> None:
+    g = p.add_argument_group("job (override the YAML job file)")
+    if not model_positional:
+        g.add_argument("--model", help="hf:<id>, hf:./config.json, timm:<name>, torchvision:<name>, "
+                                       "transformer, py:<module>:<factory>")
+    g.add_argument("--job", dest="job_file", help="YAML job file")
+    g.add_argument("--gpu", help="accelerator id (trainplan catalog)")
+    g.add_argument("--gpus", type=int, help="devices")
+    g.add_argument("--strategy", choices=STRATEGIES)
+    g.add_argument("--offload", choices=OFFLOADS)
+    g.add_argument("--batch-size", type=int, help="micro-batch per device")
+    g.add_argument("--grad-accum", type=int, help="gradient accumulation steps")
+    g.add_argument("--seq-len", type=int)
+    g.add_argument("--image-size", type=int)
+    g.add_argument("--precision", help="|".join(PRECISIONS))
+    g.add_argument("--optimizer", help="|".join(OPTIMIZERS))
+    g.add_argument("--grad-checkpointing", choices=CHECKPOINTING)
+    g.add_argument("--attention", choices=ATTENTIONS)
+    g.add_argument("--lora-rank", type=int)
+    g.add_argument("--lora-alpha", type=float)
+    g.add_argument("--lora-targets", help="all-linear or q,v,... or module-name suffixes")
+    g.add_argument("--quantize", choices=("none", "nf4", "int8"))
+    g.add_argument("--channels-last", action="store_true", default=None)
+    g.add_argument("--task", choices=TASKS)
+
+
+_MAP = {"gpu": "gpu", "gpus": "gpus", "strategy": "strategy", "offload": "offload",
+        "batch_size": "batch_size", "grad_accum": "grad_accum", "seq_len": "seq_len",
+        "image_size": "image_size", "precision": "precision", "optimizer": "optimizer",
+        "grad_checkpointing": "grad_checkpointing", "attention": "attention",
+        "quantize": "quantize", "channels_last": "channels_last", "task": "task"}
+
+
+def job_from_args(args: argparse.Namespace, job_file: str | None = None) -> Job:
+    path = job_file or getattr(args, "job_file", None)
+    job = load_job(path) if path else Job()
+    kw = {}
+    model = getattr(args, "model", None)
+    if model:
+        kw["model"] = model
+        if model != "transformer" and not path:
+            kw["transformer"] = None
+    for a, f in _MAP.items():
+        v = getattr(args, a, None)
+        if v is not None:
+            kw[f] = v
+    if kw.get("gpus") and kw["gpus"] > 1 and "strategy" not in kw and job.strategy == "single":
+        kw["strategy"] = "ddp"
+    if args.lora_rank is not None or args.lora_targets is not None or args.lora_alpha is not None:
+        base = job.lora or Lora()
+        kw["lora"] = replace(base, **{k: v for k, v in (("rank", args.lora_rank),
+                                                        ("alpha", args.lora_alpha),
+                                                        ("targets", args.lora_targets))
+                                      if v is not None})
+    job = replace(job, **kw)
+    if job.model == "transformer" and job.transformer is None:
+        raise TrainplanError("No model given.",
+                             fix="pass --model (e.g. hf:google-bert/bert-large-uncased) or a job "
+                                 "file (e.g. examples/graphmer-se.yaml)")
+    return validate(job)

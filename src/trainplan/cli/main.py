@@ -1,0 +1,44 @@
+"""`trainplan`: will it fit, how fast, where, at what cost, and what to change.
+
+Bad input (unknown names, malformed files, impossible settings) prints one message and exits 2;
+a job that does not fit is a result (exit 0).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import TrainplanError
+from .catalog_cmd import catalog_command_parser
+from .estimate_cmd import estimate_command_parser
+from .inspect_cmd import inspect_command_parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trainplan", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    inspect_command_parser(sub)
+    estimate_command_parser(sub)
+    catalog_command_parser(sub)
+    try:
+        from .plan_cmd import plan_command_parser
+        plan_command_parser(sub)
+    except ImportError:
+        pass
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except TrainplanError as e:
+        print(f"trainplan: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Model sources: a name in a job becomes a PyTorch module built on the meta device, plus the
+synthetic inputs and loss of one training step. Nothing is downloaded.
+
+    hf:<hub id>                  bundled config (models/hf_configs), or hf:./path/config.json
+    timm:<name>, torchvision:<name>
+    transformer                  our reference module from dimensions (job.transformer)
+    py:<module>:<factory>        any nn.Module, with an input spec (job.inputs)
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import TrainplanError
+
+SOURCES = ("hf:", "timm:", "torchvision:", "transformer", "py:")
+
+
+@dataclass
+class ModelBundle:
+    """A model ready to trace.
+
+    make_inputs(batch) is called inside the fake mode and returns the forward's keyword arguments;
+    loss(outputs, inputs) returns the scalar loss. tokens_per_sample is None for non-token models.
+    lora_roles maps a role (q, k, v, o, mlp, lm_head, embed) to module-name suffixes.
+    """
+
+    name: str
+    module: torch.nn.Module
+    kind: str
+    make_inputs: Callable[[int], dict[str, Any]]
+    loss: Callable[[Any, dict[str, Any]], torch.Tensor]
+    tokens_per_sample: int | None = None
+    samples_unit: str = "samples"
+    lora_roles: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def build_model(job, attention: str = "efficient") -> ModelBundle:
+    """Dispatch on the model source named in `job.model`; `attention` is the target's kernel."""
+    name = job.model
+    if name.startswith("hf:"):
+        from .hf import build_hf
+        return build_hf(job, attention)
+    if name.startswith("timm:") or name.startswith("torchvision:"):
+        from .vision import build_vision
+        return build_vision(job)
+    if name == "transformer" or name.startswith("transformer:"):
+        from .reference_source import build_reference
+        return build_reference(job)
+    if name.startswith("py:"):
+        from .custom import build_custom
+        return build_custom(job)
+    raise TrainplanError(
+        f"Model {name!r} does not name a source.",
+        allowed="hf:<hub id or ./config.json>, timm:<name>, torchvision:<name>, transformer "
+                "(with a `transformer:` block of dimensions), py:<module>:<factory>",
+        fix="for example --model hf:google-bert/bert-large-uncased or --model timm:resnet50")
+
+
+def loss_from_output(out, inputs) -> torch.Tensor:
+    """HF-style outputs carry `.loss`; a bare tensor output is the loss (or logits, reduced)."""
+    if isinstance(out, torch.Tensor):
+        return out if out.dim() == 0 else out.float().mean()
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    if loss is None:
+        raise TrainplanError("The model's forward returned no loss.",
+                             fix="return the loss, or describe the model with py: and a loss")
+    return loss

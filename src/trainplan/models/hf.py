@@ -1,0 +1,168 @@
+"""`hf:` source: Hugging Face transformers models from bundled config.json facts (no hub access).
+
+`hf:<hub id>` reads `hf_configs/<org>--<name>.json` (index.csv lists them, with the Auto class used
+for training and the published parameter count); `hf:./path/config.json` reads any local config
+and takes the class from its `architectures` field.
+"""
+from __future__ import annotations
+
+import csv
+import functools
+import json
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from ..errors import TrainplanError, unknown
+from . import ModelBundle, loss_from_output
+
+TASK_CLASSES = {
+    "causal-lm": "AutoModelForCausalLM",
+    "masked-lm": "AutoModelForMaskedLM",
+    "seq-classification": "AutoModelForSequenceClassification",
+    "seq2seq": "AutoModelForSeq2SeqLM",
+    "image-classification": "AutoModelForImageClassification",
+}
+
+
+@functools.cache
+def bundled_index() -> dict[str, dict]:
+    """hub id (lower-case) -> row of hf_configs/index.csv."""
+    path = resources.files("trainplan.models") / "hf_configs" / "index.csv"
+    with path.open() as f:
+        return {row["hub_id"].lower(): row for row in csv.DictReader(f)}
+
+
+def bundled_ids() -> list[str]:
+    return sorted(row["hub_id"] for row in bundled_index().values())
+
+
+def load_config_dict(ref: str) -> tuple[dict, str | None, str]:
+    """(config dict, Auto class name or None, canonical name) for a hub id or a local path."""
+    if ref.endswith(".json") or ref.startswith((".", "/", "~")):
+        path = Path(ref).expanduser()
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.exists():
+            raise TrainplanError(f"No config file at {path}.",
+                                 fix="point hf: at a local config.json (nothing is downloaded)")
+        try:
+            return json.loads(path.read_text()), None, str(path)
+        except json.JSONDecodeError as e:
+            raise TrainplanError(f"{path} is not valid JSON (line {e.lineno}): {e.msg}") from None
+    row = bundled_index().get(ref.lower())
+    if row is None:
+        raise unknown("model", f"hf:{ref}", [f"hf:{i}" for i in bundled_ids()],
+                      hint="use a bundled id (trainplan catalog models) or hf:./path/config.json "
+                           "for any other model; nothing is downloaded")
+    fname = row["hub_id"].replace("/", "--") + ".json"
+    text = (resources.files("trainplan.models") / "hf_configs" / fname).read_text()
+    return json.loads(text), row["auto_class"], row["hub_id"]
+
+
+def make_config(cfg: dict):
+    from .vision import import_torchvision
+    import_torchvision(required=False)  # transformers imports it when installed
+    from transformers import CONFIG_MAPPING
+    model_type = cfg.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        raise TrainplanError(
+            f"config.json has model_type {model_type!r}, which this transformers does not know.",
+            fix="use a model type transformers supports natively, or describe the model with "
+                "py:<module>:<factory>")
+    kwargs = {k: v for k, v in cfg.items() if k not in ("model_type", "transformers_version")}
+    return CONFIG_MAPPING[model_type](**kwargs)
+
+
+def _auto_class(name: str):
+    import transformers
+    cls = getattr(transformers, name, None)
+    if cls is None:
+        raise TrainplanError(f"transformers has no class {name!r}.")
+    return cls
+
+
+def build_hf(job, attention: str = "efficient") -> ModelBundle:
+    ref = job.model[3:]
+    cfg_dict, auto_name, canonical = load_config_dict(ref)
+    config = make_config(cfg_dict)
+    if job.task:
+        auto_name = TASK_CLASSES[job.task]
+    if auto_name is None:
+        archs = cfg_dict.get("architectures") or []
+        auto_name = archs[0] if archs else "AutoModelForCausalLM"
+    cls = _auto_class(auto_name)
+    attn = "eager" if attention == "eager" else "sdpa"
+    notes = []
+    with torch.device("meta"):
+        try:
+            model = _from_config(cls, config, attn)
+        except (ValueError, ImportError) as e:
+            msg = str(e).lower()
+            if attn == "sdpa" and ("sdpa" in msg or "scaled_dot_product_attention" in msg):
+                model = _from_config(cls, config, "eager")
+                notes.append(f"{cls.__name__} has no SDPA path in transformers: its eager "
+                             "attention (s x s scores materialised) is traced on every target")
+            else:
+                raise TrainplanError(f"transformers could not build {canonical}: {e}") from None
+    model.train()
+    kind, make_inputs, tokens = _inputs_for(auto_name, config, job)
+    return ModelBundle(name=f"hf:{canonical}", module=model, kind=kind, make_inputs=make_inputs,
+                       loss=loss_from_output, tokens_per_sample=tokens, notes=notes)
+
+
+def _from_config(cls, config, attn):
+    if hasattr(cls, "from_config"):
+        return cls.from_config(config, attn_implementation=attn)
+    config._attn_implementation = attn
+    return cls(config)
+
+
+def _text_config(config):
+    get = getattr(config, "get_text_config", None)
+    return get() if get else config
+
+
+def _image_size(config, job) -> int:
+    vc = getattr(config, "vision_config", None) or config
+    return job.image_size or getattr(vc, "image_size", 224)
+
+
+def _inputs_for(auto_name: str, config, job):
+    """(kind, make_inputs(batch), tokens per sample) for the model's training task."""
+    seq = job.seq_len or min(getattr(_text_config(config), "max_position_embeddings", 512) or 512,
+                             512)
+    vocab = getattr(_text_config(config), "vocab_size", 32000)
+    n = auto_name.lower()
+    if "imageclassification" in n:
+        size = _image_size(config, job)
+        classes = max(2, getattr(config, "num_labels", 2))
+        def img(batch):
+            return {"pixel_values": torch.randn(batch, 3, size, size),
+                    "labels": torch.randint(0, classes, (batch,))}
+        return "vision", img, None
+    if getattr(config, "model_type", "") == "clip" or ("vision_config" in config.to_dict()
+                                                       and "text_config" in config.to_dict()
+                                                       and n in ("automodel", "clipmodel")):
+        size = _image_size(config, job)
+        text_len = job.seq_len or getattr(config.text_config, "max_position_embeddings", 77)
+        def clip(batch):
+            return {"input_ids": torch.randint(0, config.text_config.vocab_size, (batch, text_len)),
+                    "pixel_values": torch.randn(batch, 3, size, size), "return_loss": True}
+        return "vision-language", clip, text_len
+    if "sequenceclassification" in n:
+        def cls_inputs(batch):
+            return {"input_ids": torch.randint(0, vocab, (batch, seq)),
+                    "labels": torch.randint(0, max(2, getattr(config, "num_labels", 2)), (batch,))}
+        return "encoder", cls_inputs, seq
+    if "seq2seq" in n or getattr(config, "is_encoder_decoder", False):
+        def s2s(batch):
+            return {"input_ids": torch.randint(0, vocab, (batch, seq)),
+                    "labels": torch.randint(0, vocab, (batch, seq))}
+        return "encoder-decoder", s2s, seq
+    kind = "encoder" if "maskedlm" in n else "decoder"
+    def lm(batch):
+        ids = torch.randint(0, vocab, (batch, seq))
+        return {"input_ids": ids, "labels": ids}
+    return kind, lm, seq

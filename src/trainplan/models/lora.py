@@ -1,0 +1,223 @@
+"""LoRA and QLoRA applied to a meta-device model, without peft or bitsandbytes.
+
+LoRA (Hu et al. 2021): a frozen weight W (out x in) gains B A with A (r x in), B (out x r), scaled
+by alpha / r; trainable parameters per adapted linear = r (in + out), the count peft reports
+(Llama-2-7B, r=16 on q and v: 32 layers x 2 x 16 x (4096 + 4096) = 8,388,608).
+
+QLoRA (Dettmers et al. 2023): the frozen base weights are stored in NF4, 4 bits per weight, with one
+absmax per 64 weights; double quantisation stores those absmax values in 8 bits with one fp32
+scale per 256 blocks: 0.5 + 1/64 + 4/(64*256) bytes per weight (~0.516; vs 2 for bf16).
+bitsandbytes' forward dequantises each weight to the compute dtype just before its matmul (a
+transient full-size copy) and saves only the packed weight for backward, which dequantises again.
+LLM.int8 ("int8") stores 1 byte per weight plus one fp32 scale per output row.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import TrainplanError
+
+ATTN_TOKENS = ("attn", "attention")
+QKV = {"q": {"q_proj", "query", "q_lin", "query_proj", "q"},
+       "k": {"k_proj", "key", "k_lin", "key_proj", "k"},
+       "v": {"v_proj", "value", "v_lin", "value_proj", "v"}}
+FUSED_QKV = {"c_attn", "qkv_proj", "query_key_value", "Wqkv", "qkv", "in_proj"}
+OUT = {"o_proj", "out_proj", "o", "out_lin", "dense", "c_proj", "proj"}
+HEADS = {"lm_head", "classifier", "head", "score", "qa_outputs"}
+ROLES = ("q", "k", "v", "o", "mlp", "lm_head", "embed")
+
+
+def _is_linear(m: nn.Module) -> bool:
+    return isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"
+
+
+def _in_attention(name: str) -> bool:
+    return any(t in name.lower() for t in ATTN_TOKENS)
+
+
+def matches_role(name: str, module: nn.Module, role: str) -> bool:
+    """Does module `name` play `role`? Roles: q, k, v, o, mlp, lm_head, embed (see --lora-targets)."""
+    leaf = name.rsplit(".", 1)[-1]
+    if role == "embed":
+        return isinstance(module, nn.Embedding)
+    if not _is_linear(module):
+        return False
+    if role in QKV:
+        return leaf in QKV[role] or leaf in FUSED_QKV
+    if role == "o":
+        return leaf in OUT and _in_attention(name.rsplit(".", 1)[0]) or \
+            leaf == "dense" and ".attention.output" in name
+    if role == "lm_head":
+        return leaf in HEADS
+    if role == "mlp":
+        return not _in_attention(name) and leaf not in HEADS and ".attention." not in name
+    raise ValueError(role)
+
+
+def select_targets(model: nn.Module, targets: str) -> list[str]:
+    """Names of modules that get adapters. `all-linear` = every linear but the output head (peft)."""
+    names = []
+    roles = [t.strip() for t in targets.split(",") if t.strip()]
+    for name, m in model.named_modules():
+        if not name:
+            continue
+        if targets == "all-linear":
+            if _is_linear(m) and name.rsplit(".", 1)[-1] not in HEADS:
+                names.append(name)
+            continue
+        for r in roles:
+            if (r in ROLES and matches_role(name, m, r)) or \
+                    (r not in ROLES and (name == r or name.endswith("." + r))
+                     and (_is_linear(m) or isinstance(m, nn.Embedding))):
+                names.append(name)
+                break
+    if not names:
+        raise TrainplanError(
+            f"--lora-targets {targets!r} matched no module of this model.",
+            allowed="all-linear, or a comma list of roles (q, k, v, o, mlp, lm_head, embed) or "
+                    "module-name suffixes",
+            fix="run `trainplan inspect MODEL` to see module names")
+    return names
+
+
+class QuantizedWeight(nn.Module):
+    """Frozen base weight stored packed (nf4: 4-bit + double-quantised absmax; int8: 1 byte + a
+    per-row fp32 scale). `dequantize()` returns a transient full-size weight in `dtype`."""
+
+    def __init__(self, out_f: int, in_f: int, mode: str, dtype: torch.dtype):
+        super().__init__()
+        self.shape = (out_f, in_f)
+        self.mode = mode
+        self.dtype = dtype
+        n = out_f * in_f
+        if mode == "nf4":
+            self.packed = nn.Parameter(torch.empty(math.ceil(n / 2), dtype=torch.uint8),
+                                       requires_grad=False)
+            blocks = math.ceil(n / 64)
+            self.register_buffer("absmax_q", torch.empty(blocks, dtype=torch.uint8))
+            self.register_buffer("absmax_scale", torch.empty(math.ceil(blocks / 256)))
+        elif mode == "int8":
+            self.packed = nn.Parameter(torch.empty(n, dtype=torch.int8), requires_grad=False)
+            self.register_buffer("row_scale", torch.empty(out_f))
+        else:
+            raise ValueError(mode)
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.empty(self.shape, dtype=self.dtype, device=self.packed.device)
+
+
+class _QuantMatmul(torch.autograd.Function):
+    """y = x W^T with W dequantised on the fly in forward and again in backward (bitsandbytes
+    MatMul4Bit): nothing but the packed weight is kept for backward."""
+
+    @staticmethod
+    def forward(ctx, x, qweight_module_holder):
+        qw = qweight_module_holder.module
+        ctx.holder = qweight_module_holder
+        w = qw.dequantize()
+        return x.to(w.dtype) @ w.t()
+
+    @staticmethod
+    def backward(ctx, g):
+        w = ctx.holder.module.dequantize()
+        return g @ w, None
+
+
+class _Holder:
+    def __init__(self, module):
+        self.module = module
+
+
+class QuantLinear(nn.Module):
+    def __init__(self, linear: nn.Linear, mode: str, dtype: torch.dtype):
+        super().__init__()
+        out_f, in_f = linear.out_features, linear.in_features
+        self.in_features, self.out_features = in_f, out_f
+        self.weight_q = QuantizedWeight(out_f, in_f, mode, dtype)
+        self.bias = None
+        if linear.bias is not None:
+            self.bias = nn.Parameter(torch.empty(out_f, dtype=dtype), requires_grad=False)
+
+    def forward(self, x):
+        y = _QuantMatmul.apply(x, _Holder(self.weight_q))
+        return y + self.bias if self.bias is not None else y
+
+
+class LoraLinear(nn.Module):
+    """base(x) + B(A(dropout(x))) * alpha / r, base frozen."""
+
+    def __init__(self, base: nn.Module, in_f: int, out_f: int, rank: int, alpha: float,
+                 dropout: float, dtype: torch.dtype):
+        super().__init__()
+        self.base = base
+        self.lora_A = nn.Linear(in_f, rank, bias=False, dtype=dtype)
+        self.lora_B = nn.Linear(rank, out_f, bias=False, dtype=dtype)
+        self.dropout = dropout
+        self.scaling = alpha / rank
+
+    def forward(self, x):
+        h = F.dropout(x, self.dropout, self.training) if self.dropout else x
+        return self.base(x) + self.lora_B(self.lora_A(h)) * self.scaling
+
+
+class LoraEmbedding(nn.Module):
+    def __init__(self, base: nn.Embedding, rank: int, alpha: float, dtype: torch.dtype):
+        super().__init__()
+        self.base = base
+        self.lora_A = nn.Parameter(torch.empty(base.num_embeddings, rank, dtype=dtype))
+        self.lora_B = nn.Parameter(torch.empty(rank, base.embedding_dim, dtype=dtype))
+        self.scaling = alpha / rank
+
+    def forward(self, ids):
+        return self.base(ids) + F.embedding(ids, self.lora_A) @ self.lora_B * self.scaling
+
+
+def _linear_dims(m: nn.Module) -> tuple[int, int]:
+    if isinstance(m, nn.Linear):
+        return m.in_features, m.out_features
+    w = m.weight  # transformers Conv1D stores (in, out)
+    return w.shape[0], w.shape[1]
+
+
+def _set(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, leaf = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, leaf, new)
+
+
+def apply_lora(model: nn.Module, rank: int, alpha: float, targets: str, dropout: float,
+               quantize: str, compute_dtype: torch.dtype, adapter_dtype: torch.dtype) -> list[str]:
+    """Freeze the model, quantise its linears (QLoRA) and attach adapters; returns adapted names.
+
+    Adapters are fp32 under AMP (peft's default) and in the model dtype for pure half precision.
+    """
+    names = select_targets(model, targets)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if quantize != "none":
+        quantize_linears(model, quantize, compute_dtype)
+    for name in names:
+        m = model.get_submodule(name)
+        if isinstance(m, nn.Embedding):
+            _set(model, name, LoraEmbedding(m, rank, alpha, adapter_dtype))
+            continue
+        if isinstance(m, QuantLinear):
+            in_f, out_f = m.in_features, m.out_features
+        else:
+            in_f, out_f = _linear_dims(m)
+        _set(model, name, LoraLinear(m, in_f, out_f, rank, alpha, dropout, adapter_dtype))
+    return names
+
+
+def quantize_linears(model: nn.Module, mode: str, compute_dtype: torch.dtype) -> int:
+    """Replace every nn.Linear except output heads by a QuantLinear (bitsandbytes skips lm_head)."""
+    count = 0
+    for name, m in list(model.named_modules()):
+        if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] not in HEADS:
+            _set(model, name, QuantLinear(m, mode, compute_dtype))
+            count += 1
+    return count

@@ -1,0 +1,95 @@
+"""`timm:` and `torchvision:` sources: image models built without weights, trained with
+cross-entropy on synthetic images of the job's size (default: the model's own input size)."""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import TrainplanError, unknown
+from . import ModelBundle
+
+
+def import_torchvision(required: bool = True):
+    """Import torchvision, even where its C++ ops cannot load (None if absent and not required).
+
+    The torchvision wheel that matches a CPU torch may be a CUDA build whose `_C.so` cannot load
+    beside it; its import then dies registering fake kernels for `torchvision::nms`/`qnms`
+    ("operator torchvision::nms does not exist"), and transformers, which imports torchvision when
+    present, dies with it. Model definitions need none of its C++ ops, so we define those two
+    schemas and import again. A working install is left untouched.
+    """
+    try:
+        import torchvision
+        return torchvision
+    except ModuleNotFoundError:
+        if not required:
+            return None
+        raise TrainplanError("torchvision is not installed.",
+                             fix="pip install 'trainplan[vision]' (timm and torchvision)") from None
+    except RuntimeError as e:
+        if "torchvision::nms" not in str(e):
+            raise
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
+    lib = torch.library.Library("torchvision", "DEF")  # kept alive below
+    for op in ("nms", "qnms"):
+        lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    import_torchvision._lib = lib
+    import torchvision
+    return torchvision
+
+
+def _build_timm(name: str, image_size: int | None):
+    import_torchvision()
+    try:
+        import timm
+    except ModuleNotFoundError:
+        raise TrainplanError("timm is not installed.", fix="pip install 'trainplan[vision]'") from None
+    if not timm.is_model(name):
+        raise unknown("timm model", name, timm.list_models(),
+                      hint="list them with python -c 'import timm; print(timm.list_models())'")
+    cfg = timm.get_pretrained_cfg(name)
+    default = cfg.input_size[-1] if cfg is not None and cfg.input_size else 224
+    size = image_size or default
+    kwargs = {"img_size": image_size} if image_size and image_size != default else {}
+    with torch.device("meta"):
+        try:  # transformers-style models take img_size; CNNs adapt to any size
+            model = timm.create_model(name, pretrained=False, **kwargs)
+        except TypeError:
+            model = timm.create_model(name, pretrained=False)
+    return model, size, getattr(model, "num_classes", 1000)
+
+
+def _build_torchvision(name: str, image_size: int | None):
+    tv = import_torchvision()
+    names = tv.models.list_models()
+    if name not in names:
+        raise unknown("torchvision model", name, names)
+    with torch.device("meta"):
+        model = tv.models.get_model(name, weights=None)
+    size = image_size or (299 if name.startswith("inception") else 224)
+    return model, size, getattr(model, "num_classes", 1000)
+
+
+def build_vision(job) -> ModelBundle:
+    src, _, name = job.model.partition(":")
+    if src == "timm":
+        model, size, classes = _build_timm(name, job.image_size)
+    else:
+        model, size, classes = _build_torchvision(name, job.image_size)
+    classes = classes or 1000
+
+    def make_inputs(batch: int):
+        return {"x": torch.randn(batch, 3, size, size),
+                "_labels": torch.randint(0, classes, (batch,))}
+
+    def loss(out, inputs):
+        logits = getattr(out, "logits", out)
+        if isinstance(logits, (tuple, list)):
+            logits = logits[0]
+        return F.cross_entropy(logits, inputs["_labels"])
+
+    return ModelBundle(name=job.model, module=model, kind="vision", make_inputs=make_inputs,
+                       loss=loss, tokens_per_sample=None, samples_unit="images")

@@ -1,0 +1,250 @@
+"""Platform catalog: where a job can run, with limits and prices (`data/platforms.csv`).
+
+A platform is one offering: a free notebook tier (Kaggle GPU T4 x2), a paid notebook tier
+priced in compute units (Colab Pro A100), a cloud instance (AWS p4d.24xlarge) or owned
+hardware (local RTX 3090). Retired offerings stay in the catalog with their dates so a plan
+can say "Kaggle P100 was retired on 2026-09-15" instead of "unknown platform".
+
+Units: seconds, bytes, USD. An empty cell is None: for limits it means "no limit" (cloud,
+local) or "not published" -- the row's `notes` says which. Every built-in row cites IDs in
+`data/SOURCES.md` and has an `as_of` date.
+
+Users add or override rows with a YAML file (`--platforms-file`): a list of mappings with the
+same field names (or a mapping with a `platforms:` list). Required: id, name, accelerator_id,
+accelerator_count, usd_per_hour. A user row whose id equals a built-in id replaces it.
+Example::
+
+    - id: lab-a6000x2
+      name: Lab workstation
+      accelerator_id: rtx-a6000
+      accelerator_count: 2
+      usd_per_hour: 0
+"""
+from __future__ import annotations
+
+import csv
+import functools
+from dataclasses import dataclass, fields
+from datetime import date
+from importlib import resources
+
+import yaml
+
+from .accelerators import Accelerator, get_accelerator
+from .errors import TrainplanError, close_matches, unknown
+
+STATUSES = ("current", "retired", "unavailable")
+QUOTA_KINDS = ("gpu", "tpu", "none")
+USER_REQUIRED = ("id", "name", "accelerator_id", "accelerator_count", "usd_per_hour")
+USER_DEFAULTS = {"provider": "user", "status": "current", "quota_kind": "none",
+                 "background_execution": "yes", "sources": "user file"}
+
+
+@dataclass(frozen=True)
+class Platform:
+    """One row of `platforms.csv` (or of a user platforms file).
+
+    accelerator_id / accelerator_count: catalog accelerator and how many units (a TPU v5e-8
+        host is 1 unit of 8 devices; Kaggle T4 x2 is 2 units). See `devices`.
+    status: current | retired | unavailable, as known on `status_as_of`; `retired_on` when dated.
+    session_max_s: longest single session (Kaggle GPU 12 h, TPU 9 h, S17). idle_timeout_s:
+        interactive idle disconnect. weekly_quota_s + quota_kind: accelerator time per week and
+        which pool it draws from (Kaggle GPU 30 h, S18; TPU 20 h, S19).
+    ram_bytes, cpu_cores, disk_bytes: host resources; output_file_limit: max saved output files.
+    usd_per_hour: marginal price of the whole offering per hour (0 for free tiers and owned
+        hardware; Colab = compute_units_per_hour x usd_per_compute_unit). usd_per_month:
+        subscription fee, if any. background_execution: runs survive closing the browser.
+    """
+
+    id: str
+    provider: str
+    name: str
+    accelerator_id: str
+    accelerator_count: int
+    status: str
+    status_as_of: str | None
+    retired_on: str | None
+    session_max_s: float | None
+    idle_timeout_s: float | None
+    weekly_quota_s: float | None
+    quota_kind: str
+    ram_bytes: int | None
+    cpu_cores: int | None
+    disk_bytes: int | None
+    output_file_limit: int | None
+    usd_per_hour: float
+    usd_per_month: float | None
+    compute_units_per_hour: float | None
+    usd_per_compute_unit: float | None
+    background_execution: bool
+    notes: str
+    sources: tuple[str, ...]
+    as_of: str | None
+
+    @property
+    def accelerator(self) -> Accelerator:
+        return get_accelerator(self.accelerator_id)
+
+    @property
+    def devices(self) -> int:
+        """Devices the job is spread over: units x devices per unit (T4 x2 -> 2, v5e-8 -> 8)."""
+        return self.accelerator_count * self.accelerator.devices_per_unit
+
+    @property
+    def is_current(self) -> bool:
+        return self.status == "current"
+
+
+FIELD_NAMES = tuple(f.name for f in fields(Platform))
+
+
+def _int(v: str) -> int:
+    x = float(v)
+    if x != int(x):
+        raise ValueError(f"expected a whole number, got {v!r}")
+    return int(x)
+
+
+def _bool(v: str) -> bool:
+    if str(v).lower() not in ("yes", "no", "true", "false"):
+        raise ValueError(f"expected yes or no, got {v!r}")
+    return str(v).lower() in ("yes", "true")
+
+
+def _iso(v: str) -> str:
+    return date.fromisoformat(str(v)).isoformat()
+
+
+_PARSE = {
+    "accelerator_count": _int, "ram_bytes": _int, "cpu_cores": _int, "disk_bytes": _int,
+    "output_file_limit": _int, "background_execution": _bool,
+    "status_as_of": _iso, "retired_on": _iso, "as_of": _iso,
+    "sources": lambda v: tuple(s.strip() for s in str(v).split(";") if s.strip()),
+    **{k: float for k in ("session_max_s", "idle_timeout_s", "weekly_quota_s", "usd_per_hour",
+                          "usd_per_month", "compute_units_per_hour", "usd_per_compute_unit")},
+}
+_NON_NEGATIVE = ("session_max_s", "idle_timeout_s", "weekly_quota_s", "usd_per_hour", "usd_per_month",
+                 "compute_units_per_hour", "usd_per_compute_unit", "ram_bytes", "cpu_cores", "disk_bytes")
+
+
+def _build(raw: dict[str, str | None], where: dict[str, str], builtin: bool) -> Platform:
+    """Parse and check one row. `where[field]` says where that field's value is ("file:line")."""
+    row = dict(raw)
+    if not builtin:
+        for k, v in USER_DEFAULTS.items():
+            row.setdefault(k, v)
+    required = ("id", "provider", "name", "accelerator_id", "accelerator_count", "status",
+                "quota_kind", "usd_per_hour", "sources") + (("as_of",) if builtin else USER_REQUIRED)
+    for name in required:
+        if row.get(name) in (None, ""):
+            raise TrainplanError(f"{where['_row']}: platform is missing required field {name!r}.",
+                                 allowed="required: " + ", ".join(dict.fromkeys(required)))
+    values: dict[str, object] = {}
+    for name in FIELD_NAMES:
+        v = row.get(name)
+        if v is None or v == "":
+            values[name] = "" if name == "notes" else None
+            continue
+        try:
+            values[name] = _PARSE.get(name, str)(v)
+        except ValueError as err:
+            raise TrainplanError(f"{where.get(name, where['_row'])}: bad value for {name!r}: {err}") from err
+    for name in _NON_NEGATIVE:
+        if values[name] is not None and values[name] < 0:  # type: ignore[operator]
+            raise TrainplanError(f"{where.get(name, where['_row'])}: {name} must be >= 0, got {values[name]}.")
+    if values["accelerator_count"] < 1:  # type: ignore[operator]
+        raise TrainplanError(f"{where.get('accelerator_count', where['_row'])}: accelerator_count must be >= 1.")
+    for name, allowed in (("status", STATUSES), ("quota_kind", QUOTA_KINDS)):
+        if values[name] not in allowed:
+            raise TrainplanError(f"{where.get(name, where['_row'])}: {name} {values[name]!r} is not allowed.",
+                                 allowed=", ".join(allowed))
+    if values["status"] != "current" and not (values["status_as_of"] or values["retired_on"]):
+        raise TrainplanError(f"{where['_row']}: a {values['status']} platform needs status_as_of or retired_on.")
+    try:
+        values["accelerator_id"] = get_accelerator(str(values["accelerator_id"])).id
+    except TrainplanError as err:
+        raise TrainplanError(f"{where.get('accelerator_id', where['_row'])}: {err.what}",
+                             allowed=err.allowed, fix=err.fix) from err
+    return Platform(**values)  # type: ignore[arg-type]
+
+
+@functools.cache
+def _builtin() -> dict[str, Platform]:
+    text = resources.files("trainplan").joinpath("data").joinpath("platforms.csv").read_text(encoding="utf-8")
+    out: dict[str, Platform] = {}
+    for line, row in enumerate(csv.DictReader(text.splitlines()), start=2):
+        here = f"data/platforms.csv:{line}"
+        p = _build(row, {"_row": here}, builtin=True)
+        if p.id in out:
+            raise TrainplanError(f"{here}: duplicate platform id {p.id!r}.")
+        out[p.id] = p
+    return out
+
+
+def _scalar(node: yaml.Node, where: str, what: str) -> str | None:
+    if not isinstance(node, yaml.ScalarNode):
+        raise TrainplanError(f"{where}: {what} must be a single value, not a list or mapping.")
+    if node.tag.endswith(":null"):
+        return None
+    return str(node.value)
+
+
+def read_platforms_file(path: str) -> list[Platform]:
+    """Parse and validate a user platforms YAML file; errors name the file and the line."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            root = yaml.compose(fh)
+    except OSError as err:
+        raise TrainplanError(f"Cannot read platforms file {path!r}: {err.strerror}.") from err
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        raise TrainplanError(f"{path}{line}: not valid YAML ({getattr(err, 'problem', err)}).") from err
+    if isinstance(root, yaml.MappingNode):
+        root = next((v for k, v in root.value if getattr(k, "value", None) == "platforms"), root)
+    if not isinstance(root, yaml.SequenceNode):
+        line = f":{root.start_mark.line + 1}" if root is not None else ""
+        raise TrainplanError(f"{path}{line}: expected a list of platforms.",
+                             fix="write `- id: ...` entries, or a `platforms:` key holding that list")
+    out: list[Platform] = []
+    seen: dict[str, str] = {}
+    for item in root.value:
+        row_where = f"{path}:{item.start_mark.line + 1}"
+        if not isinstance(item, yaml.MappingNode):
+            raise TrainplanError(f"{row_where}: each platform must be a mapping of field: value.")
+        raw: dict[str, str | None] = {}
+        where = {"_row": row_where}
+        for key_node, value_node in item.value:
+            key = str(key_node.value)
+            here = f"{path}:{key_node.start_mark.line + 1}"
+            if key not in FIELD_NAMES:
+                hint = close_matches(key, FIELD_NAMES)
+                raise TrainplanError(f"{here}: unknown platform field {key!r}."
+                                     + (" Did you mean " + ", ".join(map(repr, hint)) + "?" if hint else ""),
+                                     allowed=", ".join(FIELD_NAMES))
+            raw[key] = _scalar(value_node, f"{path}:{value_node.start_mark.line + 1}", key)
+            where[key] = f"{path}:{value_node.start_mark.line + 1}"
+        p = _build(raw, where, builtin=False)
+        if p.id in seen:
+            raise TrainplanError(f"{row_where}: platform id {p.id!r} is already defined at {seen[p.id]}.")
+        seen[p.id] = row_where
+        out.append(p)
+    return out
+
+
+def load_platforms(extra_file: str | None = None) -> dict[str, Platform]:
+    """Built-in platforms by id, plus (overriding by id) those of a user YAML file."""
+    out = dict(_builtin())
+    if extra_file:
+        out.update({p.id: p for p in read_platforms_file(extra_file)})
+    return out
+
+
+def get_platform(name: str, extra_file: str | None = None) -> Platform:
+    """Look up a platform by id, case-insensitive; retired ones are returned too."""
+    platforms = load_platforms(extra_file)
+    key = name.strip().lower()
+    for pid, p in platforms.items():
+        if pid.lower() == key:
+            return p
+    raise unknown("platform", name, platforms, hint="run `trainplan catalog` to list them")

@@ -1,0 +1,1 @@
+"""Reports: the only layer that formats numbers (through trainplan.units)."""

@@ -1,0 +1,38 @@
+"""`trainplan estimate` text output."""
+from __future__ import annotations
+
+from rich.table import Table
+
+from ..units import fmt_bytes, fmt_count, fmt_seconds
+from .console import console
+
+
+def estimate_text(est) -> None:
+    c = console()
+    m, t, tr, job = est.memory, est.time, est.trace, est.job
+    verdict = "[green]FITS[/green]" if est.fits else "[red]DOES NOT FIT[/red]"
+    c.print(f"[bold]{tr.model}[/bold] on {job.gpus} x {est.accel.id} ({job.strategy}), "
+            f"micro-batch {job.batch_size}" + (f" x {tr.seq_len} tokens" if tr.seq_len else "")
+            + f", {job.precision}, {job.optimizer}: {verdict}")
+    c.print(f"parameters {fmt_count(tr.params_total)} ({fmt_count(tr.params_trainable)} trainable)")
+    tab = Table(title="memory per device (GiB = 2^30 bytes)", show_edge=False)
+    tab.add_column("term")
+    tab.add_column("bytes", justify="right")
+    for k, v in m.breakdown_bytes.items():
+        tab.add_row(k.replace("_", " "), fmt_bytes(v))
+    tab.add_row("[bold]device used (nvidia-smi)[/bold]", fmt_bytes(m.device_used_bytes))
+    tab.add_row("peak allocated", fmt_bytes(m.peak_allocated_bytes))
+    tab.add_row("peak reserved", fmt_bytes(m.peak_reserved_bytes))
+    tab.add_row("capacity", fmt_bytes(m.capacity_bytes))
+    c.print(tab)
+    c.print(f"largest micro-batch that fits: {est.max_batch_size if est.max_batch_size else 'none'}")
+    if t is not None:
+        c.print(f"step time {fmt_seconds(t.step_time_s)} ({job.grad_accum} micro-batch(es)), "
+                f"{t.samples_per_s:.1f} samples/s"
+                + (f", {t.tokens_per_s:,.0f} tokens/s" if t.tokens_per_s else "")
+                + (f", MFU {t.mfu:.0%}" if t.mfu is not None else ""))
+    for f in est.findings:
+        colour = {"error": "red", "warning": "yellow"}.get(f.severity, "cyan")
+        c.print(f"[{colour}]{f.severity}[/{colour}]: {f.message}" + (f"  -> {f.fix}" if f.fix else ""))
+    for n in tr.notes:
+        c.print(f"note: {n}")

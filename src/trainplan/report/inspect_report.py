@@ -1,0 +1,86 @@
+"""`trainplan inspect` output: a per-module table and totals (memory in GiB/MiB, labelled)."""
+from __future__ import annotations
+
+from rich.table import Table
+
+from ..units import fmt_bytes, fmt_count, fmt_flops
+from .console import console
+
+
+def inspect_json(tr, accel) -> dict:
+    return {
+        "schema_version": "1.0",
+        "model": tr.model,
+        "semantics": {"target": accel.id, "attention": tr.semantics.attention,
+                      "autocast_dtype": str(tr.semantics.autocast_dtype).replace("torch.", "")
+                      if tr.semantics.autocast_dtype else None},
+        "batch_size": tr.batch_size,
+        "params": {"total": tr.params_total, "trainable": tr.params_trainable},
+        "flops": tr.flops,
+        "bytes_moved": tr.bytes_moved,
+        "recompute_flops": tr.recompute_flops,
+        "saved_activation_bytes": tr.activation_bytes,
+        "weight_cast_bytes": tr.weight_cast_bytes,
+        "peak_allocated_bytes": tr.peak_allocated_bytes,
+        "peak_phase": tr.peak_phase,
+        "peak_breakdown_bytes": tr.peak_breakdown_bytes,
+        "modules": [{"name": m.name, "depth": m.depth, "params": m.params,
+                     "trainable_params": m.trainable_params,
+                     "activation_bytes": m.activation_bytes,
+                     "flops_forward": m.flops_forward, "flops_backward": m.flops_backward}
+                    for m in tr.modules],
+        "checkpointed_blocks": tr.checkpointed_blocks,
+        "lora_modules": tr.lora_modules,
+        "trace_seconds": tr.trace_seconds,
+        "notes": tr.notes,
+    }
+
+
+def inspect_text(tr, accel, depth: int = 3) -> None:
+    c = console()
+    sem = tr.semantics
+    c.print(f"[bold]{tr.model}[/bold]  batch {tr.batch_size}"
+            + (f" x seq {tr.seq_len}" if tr.seq_len else "")
+            + f"  | kernels of {accel.id}: {sem.attention} attention, "
+            + (f"autocast {str(sem.autocast_dtype).replace('torch.', '')}" if sem.autocast_dtype
+               else "no autocast")
+            + f"  | traced in {tr.trace_seconds:.2f} s")
+    t = Table(show_edge=False, pad_edge=False)
+    t.add_column("module")
+    t.add_column("params", justify="right")
+    t.add_column("trainable", justify="right")
+    t.add_column("activations (saved)", justify="right")
+    t.add_column("fwd FLOPs", justify="right")
+    t.add_column("bwd FLOPs", justify="right")
+    shown = 0
+    for m in tr.modules[1:]:
+        if m.depth > depth:
+            continue
+        if m.params == 0 and m.activation_bytes == 0 and m.flops_forward == 0:
+            continue
+        shown += 1
+        if shown > 200:
+            t.add_row("...", "", "", "", "", "")
+            break
+        t.add_row("  " * (m.depth - 1) + m.name.rsplit(".", 1)[-1] if m.depth > 1 else m.name,
+                  fmt_count(m.params), fmt_count(m.trainable_params),
+                  fmt_bytes(m.activation_bytes), fmt_flops(m.flops_forward),
+                  fmt_flops(m.flops_backward))
+    tot = tr.modules[0]
+    t.add_row("[bold]total[/bold]", fmt_count(tr.params_total), fmt_count(tr.params_trainable),
+              fmt_bytes(tr.activation_bytes), fmt_flops(tot.flops_forward),
+              fmt_flops(tot.flops_backward))
+    c.print(t)
+    fl = tr.flops
+    c.print(f"FLOPs per micro-batch: forward {fmt_flops(sum(fl['forward'].values()))}, backward "
+            f"{fmt_flops(sum(fl['backward'].values()))} (matmul "
+            f"{fmt_flops(fl['forward']['matmul'] + fl['backward']['matmul'])}, attention "
+            f"{fmt_flops(fl['forward']['attention'] + fl['backward']['attention'])}"
+            + (f", recomputation {fmt_flops(tr.recompute_flops)}" if tr.recompute_flops else "")
+            + ")")
+    bd = tr.peak_breakdown_bytes
+    c.print(f"Peak allocated on one device (memory in GiB = 2^30 bytes): "
+            f"{fmt_bytes(tr.peak_allocated_bytes)} during {tr.peak_phase} = "
+            + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in bd.items() if v))
+    for n in tr.notes:
+        c.print(f"note: {n}")

@@ -1,0 +1,282 @@
+"""Count what one traced training step does: FLOPs, bytes moved, live memory, by op and module.
+
+`StepCounter` is a `TorchDispatchMode` stacked on FakeTensorMode. For every aten op it records:
+
+* FLOPs from PyTorch's own formulas (`torch.utils.flop_counter.flop_registry`); attention kernels
+  are counted as the kernel computes them: a causal FlashAttention / memory-efficient kernel skips
+  the key blocks above the diagonal, so of n = ceil(s/B) blocks per row it computes n(n+1)/2 of
+  n^2 (block B = 128 for flash, 64 for the cutlass kernel);
+* bytes read and written (inputs + outputs of ops that launch a kernel; views launch none);
+* live memory: every new output storage is added, rounded up to the CUDA caching allocator's
+  512-byte granularity, and removed by a `weakref.finalize` on the storage when PyTorch frees it.
+  Each storage carries a category (weights, gradients, optimizer_states, activations,
+  weight_casts, temporaries) so the peak can be split into named terms; the categories at the
+  peak are snapshotted whenever a new peak is reached.
+* the innermost module running (forward or backward) via `torch.utils.module_tracker`.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+
+aten = torch.ops.aten
+
+ALLOC_ROUND = 512  # CUDA caching allocator rounds every block up to 512 bytes
+
+CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "weight_casts",
+              "temporaries")
+
+MATMUL_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution,
+              aten.convolution_backward, aten._convolution, aten.addbmm, aten.mv, aten.dot}
+ATTENTION_OPS = {
+    aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_efficient_attention_backward,
+    aten._scaled_dot_product_cudnn_attention, aten._scaled_dot_product_cudnn_attention_backward,
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
+}
+_FLASH = {aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward}
+# ops that only create a view / alias: no kernel, no bytes moved
+VIEW_OPS = {
+    aten.view, aten._unsafe_view, aten.t, aten.transpose, aten.permute, aten.expand,
+    aten.slice, aten.select, aten.unsqueeze, aten.squeeze, aten.as_strided, aten.detach,
+    aten.alias, aten.split, aten.split_with_sizes, aten.unbind, aten._reshape_alias,
+    aten.view_as_real, aten.view_as_complex, aten.unfold, aten.diagonal, aten.chunk,
+    aten.lift_fresh, aten.narrow, aten.expand_as, aten.view_as, aten.movedim, aten.numpy_T,
+    aten._local_scalar_dense, aten.sym_size, aten.sym_stride, aten.sym_numel, aten.is_same_size,
+    aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided,
+}
+_EXTRA_FLOPS_NAMES = {"_scaled_dot_product_flash_attention_for_cpu": "_scaled_dot_product_flash_attention"}
+
+
+def op_family(packet) -> str:
+    if packet in MATMUL_OPS:
+        return "matmul"
+    if packet in ATTENTION_OPS:
+        return "attention"
+    return "other"
+
+
+@dataclass
+class OpRecord:
+    """One aten op of the traced step, the unit the time model works on."""
+
+    name: str
+    family: str          # matmul | attention | other
+    phase: str           # forward | backward | optimizer
+    flops: float
+    bytes: float         # read + written
+    dtype: str           # dtype of the first floating input (what the kernel computes in)
+    module: str
+    recompute: bool = False
+
+
+@dataclass
+class ModuleStats:
+    flops_forward: float = 0.0
+    flops_backward: float = 0.0
+    activation_bytes: int = 0   # created in this module's forward, still live at forward end
+
+
+@dataclass
+class _Storage:
+    nbytes: int
+    category: str
+    module: str
+    phase: str
+    serial: int
+
+
+def _round(n: int) -> int:
+    return ((n + ALLOC_ROUND - 1) // ALLOC_ROUND) * ALLOC_ROUND if n else 0
+
+
+def _causal_fraction(s_q: int, s_k: int, block: int) -> float:
+    """Fraction of the s_q x s_k score blocks a causal tiled kernel computes: n(n+1)/2 / n^2."""
+    n = max(1, math.ceil(max(s_q, s_k) / block))
+    return (n * (n + 1) / 2) / (n * n)
+
+
+class StepCounter(TorchDispatchMode):
+    """See module docstring. `phase` and `recompute` are set by the tracer."""
+
+    def __init__(self, module_tracker=None):
+        super().__init__()
+        self.phase = "setup"
+        self.recompute = False
+        self.mt = module_tracker
+        self.records: list[OpRecord] = []
+        self.live = 0
+        self.peak = 0
+        self.peak_phase = "setup"
+        self.by_cat = defaultdict(int)
+        self.peak_by_cat: dict[str, int] = {}
+        self.timeline: list[tuple[str, int]] = []   # (phase, live bytes) after each op
+        self.events: list[tuple[int, int]] = []     # (serial, +bytes) alloc / (serial, -bytes) free
+        self.phase_peaks: dict[str, tuple[int, dict[str, int]]] = {}
+        self.storages: dict[int, _Storage] = {}
+        self.modules: dict[str, ModuleStats] = defaultdict(ModuleStats)
+        self.default_category = "temporaries"
+        self.unknown_flop_ops: set[str] = set()
+        self.count_ops = True       # False: track memory only (warm-up)
+        self._parents_key = None
+        self._parents_name = ""
+
+    # -- storage bookkeeping --------------------------------------------------------------
+    def _module(self) -> str:
+        """Innermost running module (ModuleTracker names are dotted paths; deepest wins)."""
+        if self.mt is None:
+            return ""
+        parents = self.mt.parents
+        key = frozenset(parents)
+        if key != self._parents_key:
+            self._parents_key = key
+            self._parents_name = max(parents, key=lambda n: (n.count("."), len(n))) if parents else ""
+        return self._parents_name
+
+    def track(self, t: torch.Tensor, category: str | None = None) -> None:
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self.storages:
+            if category is not None:
+                self.retag(t, category)
+            return
+        nbytes = _round(st.nbytes())
+        rec = _Storage(nbytes, category or self.default_category, self._module(), self.phase,
+                       len(self.events))
+        self.storages[key] = rec
+        self.live += nbytes
+        self.by_cat[rec.category] += nbytes
+        self.events.append((rec.serial, nbytes))
+        weakref.finalize(st, self._free, key)
+        if self.live > self.peak:
+            self.peak = self.live
+            self.peak_phase = self.phase
+            self.peak_by_cat = dict(self.by_cat)
+        if self.live > self.phase_peaks.get(self.phase, (-1,))[0]:
+            self.phase_peaks[self.phase] = (self.live, dict(self.by_cat))
+
+    def reset_peak(self) -> None:
+        self.peak, self.peak_phase, self.peak_by_cat = self.live, self.phase, dict(self.by_cat)
+        self.phase_peaks.clear()
+
+    def _free(self, key: int) -> None:
+        rec = self.storages.pop(key, None)
+        if rec is None:
+            return
+        self.live -= rec.nbytes
+        self.by_cat[rec.category] -= rec.nbytes
+        self.events.append((rec.serial, -rec.nbytes))
+
+    def retag(self, t: torch.Tensor, category: str) -> None:
+        rec = self.storages.get(t.untyped_storage()._cdata)
+        if rec is None or rec.category == category:
+            return
+        self.by_cat[rec.category] -= rec.nbytes
+        self.by_cat[category] += rec.nbytes
+        rec.category = category
+
+    def retag_all(self, from_category: str, to_category: str) -> int:
+        """Move every live storage of one category to another; returns the bytes moved."""
+        moved = 0
+        for rec in self.storages.values():
+            if rec.category == from_category:
+                rec.category = to_category
+                moved += rec.nbytes
+        self.by_cat[from_category] -= moved
+        self.by_cat[to_category] += moved
+        return moved
+
+    def live_by_module(self, category: str) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for rec in self.storages.values():
+            if rec.category == category:
+                out[rec.module] += rec.nbytes
+        return out
+
+    # -- per-op accounting ----------------------------------------------------------------
+    def _flops(self, func, args, kwargs, out) -> float:
+        packet = func._overloadpacket
+        fn = flop_registry.get(packet)
+        if fn is None:
+            return 0.0
+        try:
+            flops = float(fn(*args, **kwargs, out_val=out))
+        except Exception:  # a formula that does not accept this overload's arguments
+            self.unknown_flop_ops.add(str(packet))
+            return 0.0
+        if packet in ATTENTION_OPS:
+            causal = _is_causal(func, args, kwargs)
+            if causal:
+                q, k = args[0], args[1]
+                if packet in (aten._scaled_dot_product_flash_attention_backward,
+                              aten._scaled_dot_product_efficient_attention_backward):
+                    q, k = args[1], args[2]
+                block = 128 if packet in _FLASH else 64
+                flops *= _causal_fraction(q.shape[-2], k.shape[-2], block)
+        return flops
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func._overloadpacket
+        outs = _tensors(out)
+        for t in outs:
+            self.track(t)
+        if not self.count_ops or packet in VIEW_OPS:
+            self.timeline.append((self.phase, self.live))
+            return out
+        ins = _tensors(args) + _tensors(tuple(kwargs.values()))
+        nbytes = sum(t.numel() * t.element_size() for t in ins) + \
+            sum(t.numel() * t.element_size() for t in outs)
+        flops = self._flops(func, args, kwargs, out)
+        dtype = next((str(t.dtype) for t in ins if t.is_floating_point()), "")
+        mod = self._module()
+        phase = self.phase
+        self.records.append(OpRecord(str(packet).split(".")[-1], op_family(packet), phase, flops,
+                                     float(nbytes), dtype.replace("torch.", ""), mod,
+                                     self.recompute))
+        if flops and mod:
+            st = self.modules[mod]
+            if phase == "forward":
+                st.flops_forward += flops
+            elif phase == "backward":
+                st.flops_backward += flops
+        self.timeline.append((phase, self.live))
+        return out
+
+
+def _tensors(x) -> list[torch.Tensor]:
+    """Tensors in an op's arguments or outputs (flat, or one level of list/tuple nesting)."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    out = []
+    if isinstance(x, (list, tuple)):
+        for e in x:
+            if isinstance(e, torch.Tensor):
+                out.append(e)
+            elif isinstance(e, (list, tuple)):
+                out.extend(t for t in e if isinstance(t, torch.Tensor))
+            elif e is not None and not isinstance(e, (int, float, bool, str, torch.dtype,
+                                                      torch.device, torch.memory_format)):
+                out.extend(t for t in tree_flatten(e)[0] if isinstance(t, torch.Tensor))
+    return out
+
+
+def _is_causal(func, args, kwargs) -> bool:
+    schema = func._schema
+    for i, a in enumerate(schema.arguments):
+        if a.name == "is_causal":
+            if a.name in kwargs:
+                return bool(kwargs[a.name])
+            if i < len(args):
+                return bool(args[i])
+    return False

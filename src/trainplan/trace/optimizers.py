@@ -1,0 +1,93 @@
+"""The optimizers a job can name, built as CUDA would run them, for a fake-tensor step.
+
+PyTorch's AdamW/Adam/SGD default to the `foreach` implementation when every parameter is on CUDA
+(torch.optim.optimizer._default_to_fused_or_foreach); we ask for it explicitly because the fake
+device is CPU. foreach keeps whole-group temporaries (e.g. the sqrt of every exp_avg_sq), which is
+part of the real step peak.
+
+Two optimizers torch lacks are emulated with their state layout:
+* Lion (Chen et al. 2023): one momentum buffer in the parameter dtype; update
+  sign(b1 m + (1 - b1) g), then m = b2 m + (1 - b2) g.
+* 8-bit AdamW (bitsandbytes, Dettmers et al. 2022): two uint8 states per parameter plus one fp32
+  absmax per 2048-element block ("block-wise quantization"); tensors under 4096 elements keep fp32
+  states (bnb's min_8bit_size). The fused kernel updates in place: no whole-group temporaries.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class Lion(torch.optim.Optimizer):
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p)
+                m = state["exp_avg"]
+                update = (m * b1 + p.grad * (1 - b1)).sign_()
+                p.add_(update, alpha=-group["lr"])
+                m.mul_(b2).add_(p.grad, alpha=1 - b2)
+
+
+class AdamW8bit(torch.optim.Optimizer):
+    BLOCK = 2048
+    MIN_8BIT_SIZE = 4096
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    if p.numel() >= self.MIN_8BIT_SIZE:
+                        blocks = math.ceil(p.numel() / self.BLOCK)
+                        state["state1"] = torch.zeros_like(p, dtype=torch.uint8)
+                        state["state2"] = torch.zeros_like(p, dtype=torch.uint8)
+                        state["absmax1"] = torch.zeros(blocks, device=p.device)
+                        state["absmax2"] = torch.zeros(blocks, device=p.device)
+                    else:
+                        state["state1"] = torch.zeros_like(p, dtype=torch.float32)
+                        state["state2"] = torch.zeros_like(p, dtype=torch.float32)
+                # the fused kernel reads p, grad and the states and writes p and the states
+                p.add_(p.grad, alpha=-group["lr"])
+
+
+def build_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    lr = 1e-4
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, foreach=True)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, foreach=True)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, foreach=True)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True, foreach=True)
+    if name == "adafactor":
+        return torch.optim.Adafactor(params, lr=lr, foreach=True)
+    if name == "lion":
+        return Lion(params, lr=lr)
+    if name == "adamw-8bit":
+        return AdamW8bit(params, lr=lr)
+    raise ValueError(name)
+
+
+def optimizer_state_bytes_per_param(name: str, param_dtype_bytes: int) -> float:
+    """Bytes of optimizer state per trainable parameter (closed form, for analytic terms)."""
+    return {"adamw": 2 * param_dtype_bytes, "adam": 2 * param_dtype_bytes, "sgd": 0,
+            "sgd-momentum": param_dtype_bytes, "lion": param_dtype_bytes,
+            "adafactor": 0.0, "adamw-8bit": 2 + 8 / AdamW8bit.BLOCK}[name]

@@ -1,0 +1,238 @@
+"""Emulate the target GPU's kernel semantics while tracing on the CPU fake device.
+
+Traced naively on CPU, activation memory is about 2x wrong (see docs/tracing.md): CPU dropout keeps
+its mask in the activation dtype, CPU SDPA takes the math path, and `torch.autocast("cuda")` does
+nothing on a CPU build. `TargetSemantics` is a `TorchFunctionMode` (it runs above autograd, so the
+casts it inserts are recorded in the graph exactly as CUDA autocast records them) that:
+
+* routes `F.dropout` to `aten.native_dropout` (CUDA's fused kernel keeps a 1-byte bool mask);
+* routes `F.scaled_dot_product_attention` to the backend the target would pick: flash
+  (sm80+, no arbitrary mask), memory-efficient (sm50+, takes a bias), or the math composition
+  (`softmax(q k^T * scale + mask) v`, which materialises the s x s scores);
+* applies the CUDA autocast policy for fp16/bf16: the ops of PyTorch's "Autocast Op Reference"
+  lower-precision list run in the autocast dtype, the fp32 list runs in fp32 (so layer_norm and
+  softmax return fp32), the promote list runs in the widest input dtype, and casts of leaf
+  parameters are cached for the whole forward (the "weight cast cache" that autocast keeps until
+  the autocast region exits).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+aten = torch.ops.aten
+
+ATTENTION_BACKENDS = ("eager", "math", "efficient", "flash")
+
+
+@dataclass(frozen=True)
+class KernelSemantics:
+    """What the target device's kernels do, as far as memory and FLOPs are concerned.
+
+    attention: "flash" | "efficient" | "math" (SDPA's backend) or "eager" (the model composes
+        attention from matmul/softmax/dropout itself; for SDPA callers this equals "math").
+    autocast_dtype: torch.float16 / torch.bfloat16 for AMP, None otherwise.
+    """
+
+    attention: str = "efficient"
+    autocast_dtype: torch.dtype | None = None
+    fused_dropout: bool = True
+    channels_last: bool = False
+
+    def key(self) -> tuple:
+        return (self.attention, str(self.autocast_dtype), self.fused_dropout, self.channels_last)
+
+
+def attention_backend_for(compute_capability: float | None, requested: str = "auto") -> str:
+    """The SDPA backend PyTorch picks on a GPU of this compute capability.
+
+    FlashAttention-2 needs sm80+ (Dao-AILab/flash-attention README); PyTorch's memory-efficient
+    kernel (xformers/cutlass) runs from sm50 and is what a T4 (sm75) or V100 (sm70) gets. TPUs
+    (None) run XLA's fused attention, closest in memory to "efficient".
+    """
+    if requested == "sdpa":
+        requested = "auto"
+    if requested != "auto":
+        return requested
+    if compute_capability is None:
+        return "efficient"
+    if compute_capability >= 8.0:
+        return "flash"
+    if compute_capability >= 5.0:
+        return "efficient"
+    return "math"
+
+
+# --- PyTorch "Autocast Op Reference", CUDA ops (torch 2.x docs, amp.html#cuda-ops-that-can-autocast-to-float16)
+_LOWER = {
+    "linear", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm", "addmm", "addbmm",
+    "addmv", "addr", "mv", "chain_matmul", "multi_dot", "conv1d", "conv2d", "conv3d",
+    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "prelu", "einsum",
+    "scaled_dot_product_attention",
+}
+_FP32 = {
+    "__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "asin", "cosh", "erfinv", "exp",
+    "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt", "sinh", "tan", "pow",
+    "softplus", "layer_norm", "group_norm", "norm", "normalize", "cosine_similarity",
+    "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "hinge_embedding_loss", "kl_div",
+    "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss",
+    "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
+    "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
+    "softmax", "log_softmax", "softmin", "cross_entropy", "cumprod", "cumsum", "prod", "sum",
+}
+_PROMOTE = {"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sample", "index_put",
+            "scatter_add", "tensordot"}
+
+
+def _fname(func) -> str:
+    return getattr(func, "__name__", "")
+
+
+def _is_float(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
+class TargetSemantics(TorchFunctionMode):
+    """TorchFunctionMode applying `KernelSemantics` (see module docstring).
+
+    `on_weight_cast(tensor)` is called for every cached weight cast so the memory tracker can label
+    it; `autocast_enabled` is switched off for backward and the optimizer step by the tracer.
+    """
+
+    def __init__(self, sem: KernelSemantics, on_weight_cast=None):
+        super().__init__()
+        self.sem = sem
+        self.autocast_enabled = sem.autocast_dtype is not None
+        self._cast_cache: dict[int, torch.Tensor] = {}
+        self._on_weight_cast = on_weight_cast
+        self._inside = 0
+
+    def clear_cast_cache(self) -> None:
+        """Autocast drops its weight-cast cache when the autocast region exits (end of forward)."""
+        self._cast_cache.clear()
+
+    # -- autocast -------------------------------------------------------------------------
+    def _cast(self, t, dtype):
+        if not _is_float(t) or t.dtype == dtype or t.dtype == torch.float64:
+            return t
+        if isinstance(t, torch.nn.Parameter) or (t.is_leaf and t.requires_grad):
+            hit = self._cast_cache.get(id(t))
+            if hit is not None:
+                return hit
+            out = t.to(dtype)
+            self._cast_cache[id(t)] = out
+            if self._on_weight_cast is not None:
+                self._on_weight_cast(out)
+            return out
+        return t.to(dtype)
+
+    def _cast_all(self, args, kwargs, dtype):
+        def conv(x):
+            if isinstance(x, torch.Tensor):
+                return self._cast(x, dtype)
+            if isinstance(x, (list, tuple)) and x and all(isinstance(e, torch.Tensor) for e in x):
+                return type(x)(self._cast(e, dtype) for e in x)
+            return x
+        return tuple(conv(a) for a in args), {k: conv(v) for k, v in kwargs.items()}
+
+    def _autocast(self, name, args, kwargs):
+        dt = self.sem.autocast_dtype
+        if name in _LOWER:
+            return self._cast_all(args, kwargs, dt)
+        if name in _FP32:
+            # "ops that autocast to float32": a dtype= argument wins, as in CUDA autocast
+            if kwargs.get("dtype") is not None:
+                return args, kwargs
+            return self._cast_all(args, kwargs, torch.float32)
+        if name in _PROMOTE:
+            floats = [a for a in list(args) + list(kwargs.values()) if _is_float(a)]
+            if floats:
+                widest = max((a.dtype for a in floats), key=lambda d: torch.finfo(d).bits)
+                return self._cast_all(args, kwargs, widest)
+        return args, kwargs
+
+    # -- dispatch -------------------------------------------------------------------------
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self._inside:
+            return func(*args, **kwargs)
+        name = _fname(func)
+        if name in ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout") and \
+                func in (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d):
+            return self._dropout(name, args, kwargs)
+        if self.autocast_enabled:
+            args, kwargs = self._autocast(name, args, kwargs)
+        if func is F.scaled_dot_product_attention:
+            self._inside += 1
+            try:
+                return self._sdpa(*args, **kwargs)
+            finally:
+                self._inside -= 1
+        return func(*args, **kwargs)
+
+    def _dropout(self, name, args, kwargs):
+        x = args[0] if args else kwargs["input"]
+        p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+        training = args[2] if len(args) > 2 else kwargs.get("training", True)
+        if not training or p == 0:
+            return x
+        if not self.sem.fused_dropout or name != "dropout":
+            with torch._C.DisableTorchFunction():
+                return getattr(F, name)(x, p, training)
+        # CUDA: fused kernel, bool mask saved for backward
+        return aten.native_dropout(x, p, True)[0]
+
+    def _sdpa(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+              enable_gqa=False):
+        if k.shape[-3] != q.shape[-3] and q.dim() == 4:  # grouped-query: expand K/V heads
+            rep = q.shape[-3] // k.shape[-3]
+            k = k.repeat_interleave(rep, dim=-3)
+            v = v.repeat_interleave(rep, dim=-3)
+        backend = self.sem.attention
+        if backend == "flash" and (attn_mask is not None or q.dtype == torch.float32
+                                   or q.shape[-1] > 256):
+            # PyTorch's dispatcher: flash takes no arbitrary mask and only fp16/bf16 inputs
+            backend = "efficient"
+        if backend == "efficient" and q.shape[-1] % 8 != 0:
+            backend = "math"
+        if backend == "flash":
+            out = aten._scaled_dot_product_flash_attention(
+                q, k, v, dropout_p, is_causal, False, scale=scale)[0]
+            return out
+        if backend == "efficient":
+            bias = attn_mask
+            if bias is not None and bias.dtype == torch.bool:
+                bias = torch.zeros(bias.shape, dtype=q.dtype, device=q.device).masked_fill(
+                    bias.logical_not(), float("-inf"))
+            if bias is not None and bias.dtype != q.dtype:
+                bias = bias.to(q.dtype)
+            if bias is not None:
+                bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+            return aten._scaled_dot_product_efficient_attention(
+                q, k, v, bias, True, dropout_p, is_causal, scale=scale)[0]
+        return self._math_attention(q, k, v, attn_mask, dropout_p, is_causal, scale)
+
+    def _math_attention(self, q, k, v, attn_mask, dropout_p, is_causal, scale):
+        """softmax(q k^T / sqrt(d) + mask) v, as eager implementations compute it."""
+        scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+        if is_causal:
+            s_q, s_k = q.shape[-2], k.shape[-2]
+            mask = torch.ones(s_q, s_k, dtype=torch.bool, device=q.device).tril()
+            scores = scores.masked_fill(mask.logical_not(), float("-inf"))
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+            else:
+                scores = scores + attn_mask
+        if self.autocast_enabled:
+            probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        else:
+            probs = torch.softmax(scores, dim=-1)
+        if dropout_p > 0:
+            probs = aten.native_dropout(probs, dropout_p, True)[0]
+        return torch.matmul(probs, v)

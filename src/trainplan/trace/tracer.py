@@ -1,0 +1,388 @@
+"""Trace one training step on fake tensors: no GPU, no weights, about a second for a 7B model.
+
+The model is built on the meta device, then every parameter and buffer is re-created as a fake
+CPU tensor inside `FakeTensorMode` (fake *cuda* tensors cannot train on a CPU build; see
+docs/tracing.md). The step runs under:
+
+    FakeTensorMode  <-  StepCounter (aten ops: FLOPs, bytes, live memory)
+                    <-  TargetSemantics (torch functions: autocast, dropout, attention kernel)
+                    <-  ModuleTracker (which module runs)
+
+The optimizer's state is created first by one step on zero gradients (the state is created lazily,
+so the peak of a real run comes in step 2), then one forward + loss + backward + step is traced and
+its ops kept for the time model. With gradient accumulation one extra micro-batch runs first, so
+gradients are live during the measured forward, as in micro-batches 2..K of a real step.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils.module_tracker import ModuleTracker
+
+from ..errors import TrainplanError
+from ..models import ModelBundle, build_model
+from ..models.lora import apply_lora
+from .checkpointing import apply_checkpointing
+from .counters import CATEGORIES, OpRecord, StepCounter
+from .optimizers import build_optimizer
+from .semantics import KernelSemantics, TargetSemantics
+
+HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
+AMP = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}
+
+
+@dataclass
+class ModuleRow:
+    name: str
+    depth: int
+    params: int
+    trainable_params: int
+    activation_bytes: int
+    flops_forward: float
+    flops_backward: float
+
+
+@dataclass
+class Trace:
+    """Exact per-step facts of one job at one micro-batch size on one kernel semantics."""
+
+    model: str
+    kind: str
+    batch_size: int
+    seq_len: int | None
+    image_size: int | None
+    tokens_per_sample: int | None
+    semantics: KernelSemantics
+    params_total: int
+    params_trainable: int
+    weight_bytes: int                 # parameters + buffers as stored
+    trainable_param_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    activation_bytes: int             # live at the end of forward, saved for backward
+    weight_cast_bytes: int            # autocast's cached low-precision weight copies
+    peak_allocated_bytes: int
+    peak_phase: str
+    peak_breakdown_bytes: dict[str, int]
+    phase_peaks: dict[str, tuple[int, dict[str, int]]]   # phase -> (peak bytes, by category)
+    largest_block_param_bytes: int    # the biggest checkpointable/shardable block's parameters
+    flops: dict[str, dict[str, float]]        # phase -> family -> FLOPs (one micro-batch; opt once)
+    bytes_moved: dict[str, dict[str, float]]  # phase -> family -> bytes read + written
+    recompute_flops: float
+    ops: list[OpRecord]
+    modules: list[ModuleRow]
+    timeline: list[tuple[str, int]]
+    alloc_events: list[tuple[int, int]]
+    checkpointed_blocks: list[str]
+    lora_modules: list[str]
+    trace_seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def flops_per_step(self) -> float:
+        """Forward + backward FLOPs of one micro-batch (recomputation included)."""
+        return sum(self.flops["forward"].values()) + sum(self.flops["backward"].values())
+
+    @property
+    def model_flops(self) -> float:
+        """Forward + backward FLOPs without recomputation: the numerator of MFU."""
+        return self.flops_per_step - self.recompute_flops
+
+
+def _materialise(model: torch.nn.Module, counter: StepCounter) -> None:
+    """Replace meta parameters/buffers by fake CPU tensors (memoised so tied weights stay tied)."""
+    memo: dict[int, torch.Tensor] = {}
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in memo:
+                t = torch.empty(p.shape, dtype=p.dtype, device="cpu")
+                counter.track(t, "weights")
+                memo[id(p)] = torch.nn.Parameter(t, requires_grad=p.requires_grad)
+            mod._parameters[name] = memo[id(p)]
+        for name, b in list(mod._buffers.items()):
+            if b is None:
+                continue
+            if id(b) not in memo:
+                t = torch.empty(b.shape, dtype=b.dtype, device="cpu")
+                counter.track(t, "weights")
+                memo[id(b)] = t
+            mod._buffers[name] = memo[id(b)]
+        for name, v in list(vars(mod).items()):  # plain tensor attributes (e.g. rotary caches)
+            if isinstance(v, torch.Tensor) and v.device.type == "meta":
+                if id(v) not in memo:
+                    memo[id(v)] = torch.empty(v.shape, dtype=v.dtype, device="cpu")
+                setattr(mod, name, memo[id(v)])
+
+
+def prepare_model(job, bundle: ModelBundle) -> tuple[list[str], list[str]]:
+    """Precision, LoRA/QLoRA, frozen prefixes and checkpointing, applied on the meta model."""
+    model = bundle.module
+    # AMP keeps fp32 master weights whatever dtype the config was published in
+    model.to(HALF.get(job.precision, torch.float32))
+    lora_names: list[str] = []
+    if job.lora is not None:
+        compute = HALF.get(job.precision) or AMP.get(job.precision) or torch.float32
+        adapter = HALF.get(job.precision, torch.float32)
+        with torch.device("meta"):
+            lora_names = apply_lora(model, job.lora.rank, job.lora.alpha, job.lora.targets,
+                                    job.lora.dropout, job.quantize, compute, adapter)
+    for prefix in job.frozen:
+        hit = False
+        for name, p in model.named_parameters():
+            if name == prefix or name.startswith(prefix + "."):
+                p.requires_grad_(False)
+                hit = True
+        if not hit:
+            raise TrainplanError(f"frozen: {prefix!r} matches no parameter of {bundle.name}.",
+                                 fix="run `trainplan inspect` to see parameter names")
+    return lora_names, []
+
+
+def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(total, trainable) parameters, tied weights once; quantised weights count as the
+    parameters they encode (QLoRA reports the base model's count, as peft does)."""
+    seen: set[int] = set()
+    total = trainable = 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel()
+        if p.requires_grad:
+            trainable += p.numel()
+    return total + _packed_param_count(model), trainable
+
+
+def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
+               extra_mode=None) -> Trace:
+    """Trace one optimizer step of `job` at micro-batch `batch_size` (default job.batch_size).
+
+    `extra_mode`, if given, is a dispatch mode entered inside the fake mode for the whole step
+    (tests use PyTorch's MemTracker to cross-check the live-memory peak).
+    """
+    t0 = time.perf_counter()
+    batch = batch_size or job.batch_size
+    bundle = build_model(job, attention=semantics.attention)
+    lora_names, _ = prepare_model(job, bundle)
+    model = bundle.module
+    model.train()
+    counter = StepCounter()
+    sem = TargetSemantics(semantics, on_weight_cast=lambda t: counter.track(t, "weight_casts"))
+    amp = semantics.autocast_dtype is not None
+
+    @contextlib.contextmanager
+    def recompute_context():
+        """Backward's rerun of a checkpointed block: same kernels and autocast as its forward."""
+        counter.recompute, prev = True, sem.autocast_enabled
+        sem.autocast_enabled = amp
+        active = sem in torch.overrides._get_current_function_mode_stack()
+        try:
+            with contextlib.nullcontext() if active else sem:
+                yield
+        finally:
+            counter.recompute, sem.autocast_enabled = False, prev
+            sem.clear_cast_cache()
+
+    blocks = apply_checkpointing(model, job.grad_checkpointing, recompute_context)
+    if semantics.channels_last:
+        model.to(memory_format=torch.channels_last)
+    tracker = ModuleTracker()
+    counter.mt = tracker
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    activation_bytes = weight_cast_bytes = 0
+    act_by_module: dict[str, int] = {}
+    gc.collect()
+    gc.disable()  # cyclic garbage is collected at phase ends, so peaks do not depend on GC timing
+    try:
+        with fake, counter, (extra_mode if extra_mode is not None else contextlib.nullcontext()):
+            _materialise(model, counter)
+            params = [p for p in model.parameters() if p.requires_grad]
+            if not params:
+                raise TrainplanError(f"{bundle.name} has no trainable parameter in this job.",
+                                     fix="unfreeze something, or add LoRA adapters")
+            for p in params:
+                p.register_post_accumulate_grad_hook(lambda p: counter.retag(p.grad, "gradients"))
+            opt = build_optimizer(job.optimizer, params)
+            # Warm-up: optimizer state is created lazily by the first step. Stepping once on
+            # zero gradients creates it (same tensors, same peak as a real first step's update),
+            # so one traced forward/backward then sees the steady-state memory of step 2+.
+            counter.phase, counter.count_ops = "optimizer", False
+            for p in params:
+                p.grad = torch.zeros_like(p)
+                counter.retag(p.grad, "gradients")
+            opt.step()
+            _tag_states(opt, counter)
+            opt.zero_grad(set_to_none=True)
+            counter.reset_peak()  # the real step below re-reaches this peak with states tagged
+            for m in range(2 if job.grad_accum > 1 else 1):
+                last = m == (1 if job.grad_accum > 1 else 0)
+                counter.count_ops = last
+                counter.phase, counter.default_category = "forward", "activations"
+                inputs = bundle.make_inputs(batch)
+                if semantics.channels_last:
+                    inputs = {k: (v.contiguous(memory_format=torch.channels_last)
+                                  if isinstance(v, torch.Tensor) and v.dim() == 4 else v)
+                              for k, v in inputs.items()}
+                fwd_kwargs = {k: v for k, v in inputs.items() if not k.startswith("_")}
+                with tracker, sem:
+                    sem.autocast_enabled = amp
+                    out = model(**fwd_kwargs)
+                    loss = bundle.loss(out, inputs)
+                    sem.autocast_enabled = False
+                    sem.clear_cast_cache()
+                    del out, fwd_kwargs
+                    if last:
+                        activation_bytes = counter.by_cat["activations"]
+                        weight_cast_bytes = counter.by_cat["weight_casts"]
+                        act_by_module = counter.live_by_module("activations")
+                    gc.collect()
+                    counter.phase, counter.default_category = "backward", "temporaries"
+                    loss.backward()
+                del loss, inputs
+                gc.collect()
+            counter.phase = "optimizer"
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            grad_bytes = sum(p.numel() * p.element_size() for p in params)
+            state_bytes = counter.by_cat["optimizer_states"]
+    except TrainplanError:
+        raise
+    except Exception as e:  # an op the fake device cannot run
+        raise _untraceable(bundle.name, e) from None
+    finally:
+        gc.enable()
+
+    return _summarise(job, bundle, semantics, batch, counter, model, grad_bytes, state_bytes,
+                      activation_bytes, weight_cast_bytes, act_by_module, blocks, lora_names,
+                      time.perf_counter() - t0)
+
+
+def _tag_states(opt, counter: StepCounter) -> None:
+    for state in opt.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                counter.retag(v, "optimizer_states")
+
+
+def _untraceable(name: str, e: Exception) -> TrainplanError:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    op = ""
+    for token in str(e).split():
+        if token.startswith("aten.") or "::" in token:
+            op = token.strip("',.()")
+            break
+    what = f"{name} could not be traced on fake tensors: {type(e).__name__}: {msg[:300]}"
+    if op:
+        what += f" (op {op})"
+    return TrainplanError(
+        what,
+        fix="the model likely computes shapes from data (e.g. .item(), .tolist(), nonzero); "
+            "wrap it as py:<module>:<factory> with an input spec that avoids the data-dependent "
+            "path, or report the op")
+
+
+def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_bytes,
+               state_bytes, activation_bytes, weight_cast_bytes, act_by_module, blocks,
+               lora_names, seconds) -> Trace:
+    total, trainable = count_parameters(model)
+    uniq = {id(p): p for p in model.parameters()}.values()
+    weight_bytes = sum(p.numel() * p.element_size() for p in uniq) + \
+        sum(b.numel() * b.element_size() for b in model.buffers())
+    trainable_bytes = sum(p.numel() * p.element_size() for p in uniq if p.requires_grad)
+
+    flops = {ph: {"matmul": 0.0, "attention": 0.0, "other": 0.0}
+             for ph in ("forward", "backward", "optimizer")}
+    moved = {ph: {"matmul": 0.0, "attention": 0.0, "other": 0.0}
+             for ph in ("forward", "backward", "optimizer")}
+    recompute = 0.0
+    for r in counter.records:
+        if r.phase not in flops:
+            continue
+        flops[r.phase][r.family] += r.flops
+        moved[r.phase][r.family] += r.bytes
+        if r.recompute:
+            recompute += r.flops
+    rows = _module_rows(model, counter, act_by_module)
+    breakdown = {c: int(counter.peak_by_cat.get(c, 0)) for c in CATEGORIES}
+    notes = list(job.notes) + list(bundle.notes)
+    if counter.unknown_flop_ops:
+        notes.append("FLOPs not counted for: " + ", ".join(sorted(counter.unknown_flop_ops)))
+    return Trace(
+        model=bundle.name, kind=bundle.kind, batch_size=batch, seq_len=job.seq_len,
+        image_size=job.image_size, tokens_per_sample=bundle.tokens_per_sample,
+        semantics=semantics, params_total=total, params_trainable=trainable,
+        weight_bytes=weight_bytes, trainable_param_bytes=trainable_bytes,
+        gradient_bytes=grad_bytes, optimizer_state_bytes=state_bytes,
+        activation_bytes=activation_bytes, weight_cast_bytes=weight_cast_bytes,
+        peak_allocated_bytes=counter.peak, peak_phase=counter.peak_phase,
+        peak_breakdown_bytes=breakdown,
+        phase_peaks={k: (v[0], {c: int(v[1].get(c, 0)) for c in CATEGORIES})
+                     for k, v in counter.phase_peaks.items()},
+        largest_block_param_bytes=_largest_block_bytes(model), flops=flops, bytes_moved=moved,
+        recompute_flops=recompute, ops=list(counter.records), modules=rows,
+        timeline=_downsample(counter.timeline), alloc_events=counter.events,
+        checkpointed_blocks=blocks, lora_modules=lora_names, trace_seconds=seconds, notes=notes)
+
+
+def _largest_block_bytes(model) -> int:
+    """Parameter bytes of the largest repeated block: what FSDP/ZeRO-3 gathers at a time."""
+    from .checkpointing import find_blocks
+    blocks = find_blocks(model)
+    if not blocks:
+        return sum(p.numel() * p.element_size() for p in model.parameters())
+    return max(sum(p.numel() * p.element_size() for p in b.parameters()) for _, b in blocks)
+
+
+def _packed_param_count(model) -> int:
+    """Quantised weights count as the parameters they encode (QLoRA reports the base model's)."""
+    from ..models.lora import QuantizedWeight
+    n = 0
+    for m in model.modules():
+        if isinstance(m, QuantizedWeight):
+            n += m.shape[0] * m.shape[1] - m.packed.numel()
+    return n
+
+
+def _module_rows(model, counter: StepCounter, act_by_module: dict[str, int]) -> list[ModuleRow]:
+    """Per-module table; tracker names are '<RootClass>.<qualified name>'."""
+    root = type(model).__name__
+    acts: dict[str, int] = {}
+    for full, nbytes in act_by_module.items():
+        name = full[len(root) + 1:] if full.startswith(root + ".") else ""
+        acts[name] = acts.get(name, 0) + nbytes
+    fl = {}
+    for full, st in counter.modules.items():
+        name = full[len(root) + 1:] if full.startswith(root + ".") else ""
+        f = fl.setdefault(name, [0.0, 0.0])
+        f[0] += st.flops_forward
+        f[1] += st.flops_backward
+    rows = []
+    for name, mod in model.named_modules():
+        ps = {id(p): p for p in mod.parameters()}
+        params = sum(p.numel() for p in ps.values())
+        trainable = sum(p.numel() for p in ps.values() if p.requires_grad)
+        prefix = name + "." if name else ""
+        a = sum(v for k, v in acts.items() if k == name or k.startswith(prefix) or not name)
+        f0 = sum(v[0] for k, v in fl.items() if k == name or k.startswith(prefix) or not name)
+        f1 = sum(v[1] for k, v in fl.items() if k == name or k.startswith(prefix) or not name)
+        rows.append(ModuleRow(name or "(total)", name.count(".") + 1 if name else 0, params,
+                              trainable, a, f0, f1))
+    return rows
+
+
+def _downsample(timeline: list[tuple[str, int]], n: int = 1500) -> list[tuple[str, int]]:
+    if len(timeline) <= n:
+        return timeline
+    step = len(timeline) / n
+    out = []
+    for i in range(n):
+        chunk = timeline[int(i * step): int((i + 1) * step)] or [timeline[-1]]
+        out.append(max(chunk, key=lambda x: x[1]))
+    return out

@@ -1,0 +1,30 @@
+import pytest
+import torch
+
+from trainplan.spec import Job, validate
+from trainplan.trace.semantics import KernelSemantics
+from trainplan.trace.tracer import trace_step
+
+SBH = 512 * 8 * 1024  # BERT-large, batch 8, seq 512: s*b*h elements
+
+
+@pytest.fixture(scope="session")
+def bert_large_traces():
+    """BERT-large, pure fp16, b8 s512, traced once per attention kernel (shared by tests)."""
+    job = validate(Job(model="hf:google-bert/bert-large-uncased", batch_size=8, seq_len=512,
+                       precision="fp16"))
+    return {att: trace_step(job, KernelSemantics(attention=att)) for att in ("eager", "flash")}
+
+
+def tiny_job(**kw) -> Job:
+    """A small reference transformer (nanoGPT-sized) that traces in well under a second."""
+    from trainplan.models.reference import TransformerDims
+    dims = TransformerDims(hidden_size=64, num_layers=kw.pop("num_layers", 2), num_heads=4,
+                           intermediate_size=128, vocab_size=256, kind=kw.pop("kind", "decoder"))
+    base = dict(model="transformer", transformer=dims, batch_size=2, seq_len=32)
+    base.update(kw)
+    return validate(Job(**base))
+
+
+def trace(job, attention="efficient", autocast=None, batch=None):
+    return trace_step(job, KernelSemantics(attention=attention, autocast_dtype=autocast), batch)

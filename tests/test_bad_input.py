@@ -1,0 +1,79 @@
+"""Bad input: one clear message (what is wrong, what is allowed, what to try), exit code 2."""
+import pytest
+
+from trainplan.cli.main import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    return code, err
+
+
+def test_unknown_model_suggests_close_matches(capsys):
+    code, err = run(capsys, "inspect", "hf:meta-llama/Llama-2-7b", "--seq-len", "16")
+    assert code == 2
+    assert "Unknown model" in err and "hf:meta-llama/Llama-2-7b-hf" in err
+    assert "Traceback" not in err
+
+
+def test_unknown_gpu_suggests_close_matches(capsys):
+    code, err = run(capsys, "estimate", "--model", "hf:openai-community/gpt2", "--gpu", "a100-sxm",
+                    "--batch-size", "1", "--seq-len", "16")
+    assert code == 2
+    assert "a100-sxm4-40gb" in err or "a100-sxm4-80gb" in err
+
+
+def test_malformed_yaml_names_the_line(capsys, tmp_path):
+    bad = tmp_path / "job.yaml"
+    bad.write_text("model: hf:openai-community/gpt2\nbatch_size: 4\n  seq_len: [1, 2\n")
+    code, err = run(capsys, "estimate", str(bad), "--gpu", "t4")
+    assert code == 2
+    assert "line 3" in err and "not valid YAML" in err
+
+
+def test_unknown_setting_names_the_line_and_suggests(capsys, tmp_path):
+    bad = tmp_path / "job.yaml"
+    bad.write_text("model: hf:openai-community/gpt2\nbatch_sise: 4\n")
+    code, err = run(capsys, "estimate", str(bad), "--gpu", "t4")
+    assert code == 2
+    assert "line 2" in err and "batch_size" in err
+
+
+def test_py_model_without_input_spec(capsys, tmp_path):
+    (tmp_path / "m.py").write_text("import torch\ndef build():\n    return torch.nn.Linear(4, 4)\n")
+    code, err = run(capsys, "inspect", f"py:{tmp_path / 'm.py'}:build")
+    assert code == 2
+    assert "input spec" in err and "batch" in err
+
+
+def test_untraceable_model_names_the_op(capsys, tmp_path):
+    (tmp_path / "dd.py").write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.l = torch.nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n"
+        "        return self.l(x[x > 0].reshape(-1, 4)).sum()\n"
+        "def build():\n    return M()\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model: py:{tmp_path / 'dd.py'}:build\n"
+                   "inputs:\n  - {name: x, shape: [batch, 4], dtype: float32}\n")
+    code, err = run(capsys, "inspect", "--job", str(job))
+    assert code == 2
+    assert "could not be traced" in err and "aten." in err and "py:" in err
+
+
+def test_impossible_combinations(capsys):
+    code, err = run(capsys, "estimate", "--model", "hf:openai-community/gpt2", "--gpu", "tpu-v5e-8",
+                    "--lora-rank", "8", "--quantize", "nf4", "--seq-len", "16")
+    assert code == 2 and "bitsandbytes" in err
+    code, err = run(capsys, "estimate", "--model", "hf:openai-community/gpt2", "--gpu", "t4",
+                    "--strategy", "zero3", "--seq-len", "16")
+    assert code == 2 and "shards nothing" in err
+
+
+def test_bad_choice_values(capsys):
+    code, err = run(capsys, "estimate", "--model", "hf:openai-community/gpt2", "--gpu", "t4",
+                    "--precision", "fp8")
+    assert code == 2 and "Allowed" in err
