@@ -53,6 +53,7 @@ VIEW_OPS = {
     aten.lift_fresh, aten.narrow, aten.expand_as, aten.view_as, aten.movedim, aten.numpy_T,
     aten._local_scalar_dense, aten.sym_size, aten.sym_stride, aten.sym_numel, aten.is_same_size,
     aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided,
+    torch.ops.prim.device,
 }
 _EXTRA_FLOPS_NAMES = {"_scaled_dot_product_flash_attention_for_cpu": "_scaled_dot_product_flash_attention"}
 
