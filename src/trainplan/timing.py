@@ -36,8 +36,6 @@ PHASES = ("forward", "backward", "optimizer")
 FAMILIES = ("matmul", "attention", "other")
 DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}          # others (int, bool, "") -> 3
 # aten ops that the counter records but that launch no kernel (queries, profiler markers)
-NO_KERNEL = frozenset({"device", "_record_function_enter_new", "_record_function_exit",
-                       "dim", "size", "stride", "is_contiguous", "numel", "is_nonzero"})
 DDP_BUCKET_BYTES = 25 * 2**20      # torch DDP bucket_cap_mb default (25 MiB): last bucket is exposed
 INTER_NODE_BYTES_PER_S = 25e9      # per GPU across nodes: 1600 Gbit/s per 8-GPU node (S34 setup)
 DEVICES_PER_NODE = 8
@@ -81,7 +79,7 @@ def summarize(trace) -> OpTable:
         return trace
     agg: dict[tuple, int] = {}
     for o in trace.ops:
-        if o.name in NO_KERNEL or (o.flops == 0 and o.bytes == 0):
+        if o.flops == 0 and o.bytes == 0:
             continue
         key = (FAMILIES.index(o.family), DTYPES.get(o.dtype, 3), PHASES.index(o.phase),
                "convolution" in o.name, float(o.flops), float(o.bytes))

@@ -44,7 +44,7 @@ ATTENTION_OPS = {
     aten._scaled_dot_product_flash_attention_for_cpu_backward,
 }
 _FLASH = {aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward}
-# ops that only create a view / alias: no kernel, no bytes moved
+# ops that launch no kernel (views, aliases, metadata queries, profiler markers): no bytes moved
 VIEW_OPS = {
     aten.view, aten._unsafe_view, aten.t, aten.transpose, aten.permute, aten.expand,
     aten.slice, aten.select, aten.unsqueeze, aten.squeeze, aten.as_strided, aten.detach,
@@ -53,7 +53,9 @@ VIEW_OPS = {
     aten.lift_fresh, aten.narrow, aten.expand_as, aten.view_as, aten.movedim, aten.numpy_T,
     aten._local_scalar_dense, aten.sym_size, aten.sym_stride, aten.sym_numel, aten.is_same_size,
     aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided,
-    torch.ops.prim.device,
+    torch.ops.prim.device, aten.dim, aten.size, aten.stride, aten.is_contiguous, aten.numel,
+    aten.is_nonzero, torch.ops.profiler._record_function_enter_new,
+    torch.ops.profiler._record_function_exit,
 }
 _EXTRA_FLOPS_NAMES = {"_scaled_dot_product_flash_attention_for_cpu": "_scaled_dot_product_flash_attention"}
 
