@@ -8,6 +8,18 @@ from trainplan.trace.tracer import trace_step
 SBH = 512 * 8 * 1024  # BERT-large, batch 8, seq 512: s*b*h elements
 
 
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite tests/golden/* from the current code (then review the diff); "
+                          "or set TRAINPLAN_UPDATE_GOLDEN=1")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_trainplan_home(tmp_path_factory, monkeypatch):
+    """A developer's own `trainplan calibrate` file must not change what the tests see."""
+    monkeypatch.setenv("TRAINPLAN_HOME", str(tmp_path_factory.mktemp("trainplan_home")))
+
+
 @pytest.fixture(scope="session")
 def bert_large_traces():
     """BERT-large, pure fp16, b8 s512, traced once per attention kernel (shared by tests)."""

@@ -77,3 +77,10 @@ def test_bad_choice_values(capsys):
     code, err = run(capsys, "estimate", "--model", "hf:openai-community/gpt2", "--gpu", "t4",
                     "--precision", "fp8")
     assert code == 2 and "Allowed" in err
+
+
+def test_sequence_longer_than_learned_positions(capsys):
+    code, err = run(capsys, "inspect", "hf:google-bert/bert-base-uncased", "--seq-len", "1024")
+    assert code == 2
+    assert "512 learned positions" in err and "--seq-len 512" in err
+    assert "Traceback" not in err

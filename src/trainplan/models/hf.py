@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import csv
 import functools
+import importlib
 import json
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -61,18 +63,73 @@ def load_config_dict(ref: str) -> tuple[dict, str | None, str]:
     return json.loads(text), row["auto_class"], row["hub_id"]
 
 
+AUTO_MAPPINGS = {
+    "AutoModel": "MODEL_MAPPING_NAMES",
+    "AutoModelForCausalLM": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "AutoModelForMaskedLM": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "AutoModelForSequenceClassification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "AutoModelForSeq2SeqLM": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "AutoModelForImageClassification": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "AutoModelForImageTextToText": "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+}
+
+
+def _family_module(model_type: str, kind: str):
+    """transformers.models.<family>.<kind>_<family>, imported directly: going through the
+    top-level lazy module scans every model's import structure (about 1 s)."""
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+    name = model_type_to_module_name(model_type)
+    return importlib.import_module(f"transformers.models.{name}.{kind}_{name}")
+
+
+def _hide_torchvision() -> None:
+    """Tell transformers torchvision is absent, unless something already imported it.
+
+    transformers imports torchvision only for image *processing* (image_utils, at the first model
+    import); model definitions, ViT and CLIP included, need none of it. Importing it costs about
+    0.5 s, and the torchvision wheel beside a CPU torch may be a CUDA build that cannot load (see
+    vision.import_torchvision). A later `timm:`/`torchvision:` model still imports it normally.
+    """
+    if "torchvision" in sys.modules or "transformers.image_utils" in sys.modules:
+        return
+    import transformers.utils as tu
+    from transformers.utils import import_utils
+
+    def absent() -> bool:
+        return False
+    tu.is_torchvision_available = import_utils.is_torchvision_available = absent
+
+
 def make_config(cfg: dict):
-    from .vision import import_torchvision
-    import_torchvision(required=False)  # transformers imports it when installed
-    from transformers import CONFIG_MAPPING
+    _hide_torchvision()
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     model_type = cfg.get("model_type")
-    if model_type not in CONFIG_MAPPING:
+    if model_type not in CONFIG_MAPPING_NAMES:
         raise TrainplanError(
             f"config.json has model_type {model_type!r}, which this transformers does not know.",
             fix="use a model type transformers supports natively, or describe the model with "
                 "py:<module>:<factory>")
     kwargs = {k: v for k, v in cfg.items() if k not in ("model_type", "transformers_version")}
-    return CONFIG_MAPPING[model_type](**kwargs)
+    try:
+        cls = getattr(_family_module(model_type, "configuration"), CONFIG_MAPPING_NAMES[model_type])
+    except (ImportError, AttributeError):
+        from transformers import CONFIG_MAPPING
+        cls = CONFIG_MAPPING[model_type]
+    return cls(**kwargs)
+
+
+def _model_class(name: str, model_type: str):
+    """The concrete class an Auto class (or an `architectures` entry) builds for model_type."""
+    from transformers.models.auto import modeling_auto
+    cls_name = name
+    if name in AUTO_MAPPINGS:
+        cls_name = getattr(modeling_auto, AUTO_MAPPINGS[name], {}).get(model_type)
+    if cls_name:
+        try:
+            return getattr(_family_module(model_type, "modeling"), cls_name)
+        except (ImportError, AttributeError):
+            pass
+    return _auto_class(name)
 
 
 def _auto_class(name: str):
@@ -92,8 +149,17 @@ def build_hf(job, attention: str = "efficient") -> ModelBundle:
     if auto_name is None:
         archs = cfg_dict.get("architectures") or []
         auto_name = archs[0] if archs else "AutoModelForCausalLM"
-    cls = _auto_class(auto_name)
+    cls = _model_class(auto_name, cfg_dict.get("model_type"))
     attn = "eager" if attention == "eager" else "sdpa"
+    if job.seq_len and getattr(config, "max_seq_len", None) and job.seq_len > config.max_seq_len:
+        # MPT sizes its ALiBi bias from max_seq_len (a setting, not a weight); llm-foundry sets
+        # it to the run's sequence length
+        config.max_seq_len = job.seq_len
+    if job.grad_checkpointing != "none":
+        # as transformers' own gradient checkpointing does: a KV cache filled by the forward
+        # would make the backward's recomputation see different shapes
+        for c in {id(config): config, id(_text_config(config)): _text_config(config)}.values():
+            c.use_cache = False
     notes = []
     with torch.device("meta"):
         try:
@@ -107,12 +173,30 @@ def build_hf(job, attention: str = "efficient") -> ModelBundle:
             else:
                 raise TrainplanError(f"transformers could not build {canonical}: {e}") from None
     model.train()
+    _check_learned_positions(model, config, job, canonical)
     kind, make_inputs, tokens = _inputs_for(auto_name, config, job)
     return ModelBundle(name=f"hf:{canonical}", module=model, kind=kind, make_inputs=make_inputs,
                        loss=loss_from_output, tokens_per_sample=tokens, notes=notes)
 
 
+def _check_learned_positions(model, config, job, name: str) -> None:
+    """A model with a learned position table (BERT, GPT-2, OPT: an Embedding of
+    max_position_embeddings rows, OPT and RoBERTa with an offset of 2) cannot take longer inputs;
+    rotary and ALiBi models can."""
+    limit = getattr(_text_config(config), "max_position_embeddings", None)
+    if not (job.seq_len and limit) or job.seq_len <= limit:
+        return
+    if any(isinstance(m, torch.nn.Embedding) and m.num_embeddings in (limit, limit + 2)
+           for m in model.modules()):
+        raise TrainplanError(
+            f"{name} has {limit} learned positions; --seq-len {job.seq_len} is longer.",
+            allowed=f"--seq-len 1..{limit}",
+            fix=f"use --seq-len {limit} (or less), or a model with rotary/ALiBi positions")
+
+
 def _from_config(cls, config, attn):
+    if hasattr(cls, "_from_config"):
+        return cls._from_config(config, attn_implementation=attn)
     if hasattr(cls, "from_config"):
         return cls.from_config(config, attn_implementation=attn)
     config._attn_implementation = attn

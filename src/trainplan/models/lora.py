@@ -112,12 +112,16 @@ class QuantizedWeight(nn.Module):
 
 class _QuantMatmul(torch.autograd.Function):
     """y = x W^T with W dequantised on the fly in forward and again in backward (bitsandbytes
-    MatMul4Bit): nothing but the packed weight is kept for backward."""
+    MatMul4Bit): the packed weight is kept for backward, and so is the input x whenever it needs
+    a gradient (bitsandbytes/autograd/_functions.py, MatMul4Bit.forward:
+    `if any(ctx.needs_input_grad[:2]): ctx.tensors = (A, B)`), although grad_x needs only W: every
+    quantised layer's input stays live until backward, unlike a frozen nn.Linear's."""
 
     @staticmethod
     def forward(ctx, x, qweight_module_holder):
         qw = qweight_module_holder.module
         ctx.holder = qweight_module_holder
+        ctx.kept_input = x if x.requires_grad else None
         w = qw.dequantize()
         return x.to(w.dtype) @ w.t()
 

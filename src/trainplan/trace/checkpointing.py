@@ -13,7 +13,7 @@ Each block's forward is wrapped in `torch.utils.checkpoint.checkpoint(use_reentr
 from __future__ import annotations
 
 import functools
-from collections import Counter
+import sys
 
 import torch
 import torch.nn as nn
@@ -30,29 +30,62 @@ def _sac_policy(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if op in _SAVE else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    counts: Counter = Counter()
-    params: Counter = Counter()
-    for _name, m in model.named_modules():
-        if isinstance(m, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) or m is model:
-            continue
-        n = sum(p.numel() for p in m.parameters())
-        composite = any(any(True for _ in c.parameters()) for c in m.children())
-        if n == 0 or not composite:   # a block holds layers; a lone Linear/Embedding is not one
-            continue
-        counts[type(m)] += 1
-        params[type(m)] += n
-    repeated = [c for c, k in counts.items() if k >= 2]
-    if not repeated:
-        return []
-    # the repeated class that covers the most parameters (outermost wins ties by being larger)
-    best = max(repeated, key=lambda c: params[c])
+def _outermost(model: nn.Module, pick) -> list[tuple[str, nn.Module]]:
     blocks, taken = [], []
     for name, m in model.named_modules():
-        if type(m) is best and not any(name.startswith(t + ".") for t in taken):
+        if pick(m) and not any(name.startswith(t + ".") for t in taken):
             blocks.append((name, m))
             taken.append(name)
     return blocks
+
+
+def _has_params(m: nn.Module) -> bool:
+    return any(True for _ in m.parameters())
+
+
+def _holds_layers(m: nn.Module) -> bool:
+    """A block holds a sub-block, or at least three parameterised layers. Not a block: a lone
+    Linear, a conv + norm pair (timm's ConvNormAct), a two-Linear MLP or attention projection."""
+    kids = [c for c in m.children() if _has_params(c)]
+    return len(kids) >= 3 or any(any(_has_params(g) for g in c.children()) for c in kids)
+
+
+def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules a framework checkpoints one by one.
+
+    1. A transformers model: its `GradientCheckpointingLayer`s (what `gradient_checkpointing_enable`
+       wraps: the decoder/encoder layers of every tower).
+    2. Otherwise, among module classes that hold layers (_holds_layers) and occur at least twice
+       (our LoRA/QLoRA wrappers excluded: they are adapters, not blocks), those whose outermost
+       instances cover at least half the parameters the best-covering class covers; of these the
+       one with the most instances, then the most parameters. This takes timm's and torchvision's
+       blocks (ConvNeXt, Swin and RegNet blocks, not their four stages; ResNet bottlenecks; ViT
+       blocks, not their MLPs, which are as many but smaller), as timm's set_grad_checkpointing does.
+    """
+    hf_layers = getattr(sys.modules.get("transformers.modeling_layers"),
+                        "GradientCheckpointingLayer", None)
+    if hf_layers is not None:
+        blocks = _outermost(model, lambda m: isinstance(m, hf_layers))
+        if len(blocks) >= 2:
+            return blocks
+    from ..models.lora import LoraEmbedding, LoraLinear, QuantLinear, QuantizedWeight
+    adapters = (LoraLinear, LoraEmbedding, QuantLinear, QuantizedWeight)
+    classes: set[type] = set()
+    for m in model.modules():
+        if isinstance(m, (nn.ModuleList, nn.Sequential, nn.ModuleDict) + adapters) or m is model:
+            continue
+        if _holds_layers(m):
+            classes.add(type(m))
+    stats = {}
+    for c in classes:
+        found = _outermost(model, lambda m, c=c: type(m) is c)
+        if len(found) >= 2:
+            stats[c] = (len(found), sum(p.numel() for _, m in found for p in m.parameters()), found)
+    if not stats:
+        return []
+    most = max(n for _, n, _ in stats.values())
+    best = max((v for v in stats.values() if v[1] >= most / 2), key=lambda v: (v[0], v[1]))
+    return best[2]
 
 
 def apply_checkpointing(model: nn.Module, mode: str, recompute_context=None) -> list[str]:

@@ -80,6 +80,7 @@ class OpRecord:
     dtype: str           # dtype of the first floating input (what the kernel computes in)
     module: str
     recompute: bool = False
+    group_channels: int = 0   # convolutions: input channels per group (1 = depthwise)
 
 
 @dataclass
@@ -108,8 +109,21 @@ def _causal_fraction(s_q: int, s_k: int, block: int) -> float:
     return (n * (n + 1) / 2) / (n * n)
 
 
+# Ops that only answer a question about a tensor. The optimizers ask each parameter's device and
+# step count every step (thousands of calls); they allocate nothing and launch no kernel.
+METADATA_OPS = frozenset({torch.ops.prim.device.default, torch.ops.aten._local_scalar_dense.default,
+                          torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
+                          torch.ops.aten.sym_numel.default})
+
+
 class StepCounter(TorchDispatchMode):
     """See module docstring. `phase` and `recompute` are set by the tracer."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # nothing here is ever compiled: skip the torch._dynamo.disable wrapper PyTorch puts
+        # around every mode's __torch_dispatch__ (a Python frame per op, ~10% of tracing time)
+        return False
 
     def __init__(self, module_tracker=None):
         super().__init__()
@@ -208,6 +222,8 @@ class StepCounter(TorchDispatchMode):
     # -- per-op accounting ----------------------------------------------------------------
     def _flops(self, func, args, kwargs, out) -> float:
         packet = func._overloadpacket
+        if packet is aten.convolution_backward:
+            return _conv_backward_flops(args)
         fn = flop_registry.get(packet)
         if fn is None:
             return 0.0
@@ -229,6 +245,8 @@ class StepCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in METADATA_OPS:  # Python-side queries (t.device, .item()): no kernel, no memory
+            return func(*args, **kwargs)
         out = func(*args, **kwargs)
         packet = func._overloadpacket
         outs = _tensors(out)
@@ -246,7 +264,7 @@ class StepCounter(TorchDispatchMode):
         phase = self.phase
         self.records.append(OpRecord(str(packet).split(".")[-1], op_family(packet), phase, flops,
                                      float(nbytes), dtype.replace("torch.", ""), mod,
-                                     self.recompute))
+                                     self.recompute, _group_channels(packet, args)))
         if flops and mod:
             st = self.modules[mod]
             if phase == "forward":
@@ -255,6 +273,37 @@ class StepCounter(TorchDispatchMode):
                 st.flops_backward += flops
         self.timeline.append((phase, self.live))
         return out
+
+
+def _group_channels(packet, args) -> int:
+    """Input channels per group of a convolution (1 for depthwise), 0 for other ops.
+
+    Depthwise convolutions have no tensor-core path; the time model needs to know them.
+    """
+    if packet in (aten.convolution, aten._convolution):
+        x, groups = args[0], args[8]
+    elif packet is aten.convolution_backward:
+        x, groups = args[1], args[9]
+    else:
+        return 0
+    return int(x.shape[1]) // max(1, int(groups))
+
+
+def _conv_backward_flops(args) -> float:
+    """FLOPs of `convolution_backward`: each requested gradient costs one forward convolution.
+
+    grad_input is a transposed convolution of grad_output with the weight, grad_weight a
+    convolution of the input with grad_output; both do the forward's 2 N prod(out) C_out
+    (C_in / groups) prod(k) multiply-adds. torch.utils.flop_counter's formula drops `groups`
+    from grad_weight (it treats the batch as channels), which overcounts a depthwise
+    convolution's backward by a factor of C (about 1000x for ConvMixer).
+    """
+    grad_out, x, w = args[0], args[1], args[2]
+    transposed, mask = bool(args[7]), args[10]
+    spatial = (x if transposed else grad_out).shape[2:]
+    c_out, c_in_per_group, *kernel = w.shape
+    fwd = 2.0 * x.shape[0] * math.prod(spatial) * c_out * c_in_per_group * math.prod(kernel)
+    return fwd * (int(bool(mask[0])) + int(bool(mask[1])))
 
 
 def _tensors(x) -> list[torch.Tensor]:

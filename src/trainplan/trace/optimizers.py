@@ -11,6 +11,12 @@ Two optimizers torch lacks are emulated with their state layout:
 * 8-bit AdamW (bitsandbytes, Dettmers et al. 2022): two uint8 states per parameter plus one fp32
   absmax per 2048-element block ("block-wise quantization"); tensors under 4096 elements keep fp32
   states (bnb's min_8bit_size). The fused kernel updates in place: no whole-group temporaries.
+* Adafactor (Shazeer & Stern 2018), as transformers.optimization.Adafactor runs it (HF Trainer's
+  `optim="adafactor"`; torch.optim.Adafactor reads the parameter RMS with `.item()`, which a fake
+  tensor cannot answer): no first moment (beta1=None); for a parameter of >= 2 dims the second
+  moment is factored into a row vector (shape[:-1]) and a column vector (shape[:-2] + shape[-1:]),
+  a 1-dim parameter keeps a full one; all in fp32. The per-parameter loop makes the update from
+  grad^2 and the row x column outer product: two full-size fp32 temporaries of one parameter.
 """
 from __future__ import annotations
 
@@ -67,6 +73,42 @@ class AdamW8bit(torch.optim.Optimizer):
                 p.add_(p.grad, alpha=-group["lr"])
 
 
+class Adafactor(torch.optim.Optimizer):
+    def __init__(self, params, lr=1e-4, eps=1e-30, decay_rate=-0.8, weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, eps=eps, decay_rate=decay_rate,
+                                      weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad.float()
+                state = self.state[p]
+                if not state:
+                    if p.dim() >= 2:
+                        state["exp_avg_sq_row"] = torch.zeros(p.shape[:-1], device=p.device)
+                        state["exp_avg_sq_col"] = torch.zeros(p.shape[:-2] + p.shape[-1:],
+                                                              device=p.device)
+                    else:
+                        state["exp_avg_sq"] = torch.zeros_like(g)
+                update = g * g + group["eps"]                       # full-size temporary 1
+                if p.dim() >= 2:
+                    row, col = state["exp_avg_sq_row"], state["exp_avg_sq_col"]
+                    row.mul_(0.9).add_(update.mean(dim=-1), alpha=0.1)
+                    col.mul_(0.9).add_(update.mean(dim=-2), alpha=0.1)
+                    r = (row / row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)
+                    c = col.unsqueeze(-2).rsqrt()
+                    update = torch.mul(r, c)                         # full-size temporary 2
+                    update.mul_(g)
+                else:
+                    v = state["exp_avg_sq"]
+                    v.mul_(0.9).add_(update, alpha=0.1)
+                    update = v.rsqrt().mul_(g)
+                p.add_(update.to(p.dtype), alpha=-group["lr"])
+
+
 def build_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     lr = 1e-4
     if name == "adamw":
@@ -78,7 +120,7 @@ def build_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.
     if name == "sgd-momentum":
         return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True, foreach=True)
     if name == "adafactor":
-        return torch.optim.Adafactor(params, lr=lr, foreach=True)
+        return Adafactor(params, lr=lr)
     if name == "lion":
         return Lion(params, lr=lr)
     if name == "adamw-8bit":

@@ -36,6 +36,30 @@ HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
 AMP = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}
 
 
+class _Tracker(ModuleTracker):
+    """ModuleTracker that registers no backward hooks while a checkpointed block is recomputed.
+
+    ModuleTracker keeps a handle to a multi-grad hook on every module's inputs and outputs until
+    it exits. For the backward's rerun of a checkpointed block those hooks sit on a graph nobody
+    backpropagates through, and the handles keep that graph, with every tensor it saved, alive:
+    each recomputed block then stayed live to the end of backward (BERT-large fp32 b1 s512 with
+    full checkpointing: backward peak 7.05 GB instead of 5.37 GB). During the rerun only the
+    module names are pushed and popped, for attribution.
+    """
+
+    recomputing = False
+
+    def _fw_pre_hook(self, mod, input) -> None:
+        if self.recomputing:
+            return self._get_append_fn(self._get_mod_name(mod), False)()
+        return super()._fw_pre_hook(mod, input)
+
+    def _fw_post_hook(self, mod, input, output) -> None:
+        if self.recomputing:
+            return self._get_pop_fn(self._get_mod_name(mod), False)()
+        return super()._fw_post_hook(mod, input, output)
+
+
 @dataclass
 class ModuleRow:
     name: str
@@ -182,24 +206,27 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
         """Backward's rerun of a checkpointed block: same kernels and autocast as its forward."""
         counter.recompute, prev = True, sem.autocast_enabled
         sem.autocast_enabled = amp
+        tracker.recomputing = True
         active = sem in torch.overrides._get_current_function_mode_stack()
         try:
             with contextlib.nullcontext() if active else sem:
                 yield
         finally:
             counter.recompute, sem.autocast_enabled = False, prev
+            tracker.recomputing = False
             sem.clear_cast_cache()
 
     blocks = apply_checkpointing(model, job.grad_checkpointing, recompute_context)
     if semantics.channels_last:
         model.to(memory_format=torch.channels_last)
-    tracker = ModuleTracker()
+    tracker = _Tracker()
     counter.mt = tracker
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     activation_bytes = weight_cast_bytes = 0
     act_by_module: dict[str, int] = {}
     gc.collect()
     gc.disable()  # cyclic garbage is collected at phase ends, so peaks do not depend on GC timing
+    gc.freeze()   # ...and those collections scan only the step's objects, not torch's millions
     try:
         with fake, counter, (extra_mode if extra_mode is not None else contextlib.nullcontext()):
             _materialise(model, counter)
@@ -257,6 +284,7 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
     except Exception as e:  # an op the fake device cannot run
         raise _untraceable(bundle.name, e) from None
     finally:
+        gc.unfreeze()
         gc.enable()
 
     return _summarise(job, bundle, semantics, batch, counter, model, grad_bytes, state_bytes,
