@@ -10,9 +10,16 @@ always reuse what it holds. Its rules, as modelled here:
   segment (kLargeBuffer), bigger ones a segment rounded up to 2 MiB (kRoundLarge);
 * a request takes the smallest free block of its pool that is large enough (best fit) and splits
   it when the remainder is worth keeping (small pool: >= 512 B; large pool: > 1 MiB);
-* a freed block merges with free neighbours of the same segment; segments are never released.
+* a freed block merges with free neighbours of the same segment; segments are never released...
+* ...except when the device is full: if a new segment would not fit, the allocator frees every
+  cached segment that holds no live block (`release_cached_blocks`, as `torch.cuda.empty_cache()`
+  does) and retries the cudaMalloc once before raising out-of-memory
+  (CUDACachingAllocator.cpp, `malloc`: alloc_block -> release_available_cached_blocks ->
+  release_cached_blocks -> alloc_block). So a job whose unconstrained peak reserved exceeds the
+  device can still run, with the fragmentation it can give back returned on demand.
 
-Peak reserved = the largest total segment size during the replay.
+Peak reserved = the largest total segment size during the replay. `replay_within(events, limit)`
+replays with a device limit and says whether the retry path would still run out of memory.
 """
 from __future__ import annotations
 
@@ -49,7 +56,10 @@ def _segment_size(n: int) -> int:
 
 
 class CachingAllocatorModel:
-    def __init__(self):
+    def __init__(self, limit_bytes: int | None = None):
+        self.limit_bytes = limit_bytes          # segments may not exceed this (device free memory)
+        self.oom = False                        # a request failed even after releasing the cache
+        self._seg_size: dict[int, int] = {}
         self.reserved = 0
         self.peak_reserved = 0
         self.allocated = 0
@@ -80,8 +90,13 @@ class CachingAllocatorModel:
             block = self._blocks[(seg, off)]
         else:
             seg_size = _segment_size(size)
+            if self.limit_bytes is not None and self.reserved + seg_size > self.limit_bytes:
+                self._release_cached_segments()
+                if self.reserved + seg_size > self.limit_bytes:
+                    self.oom = True
             seg = self._nseg
             self._nseg += 1
+            self._seg_size[seg] = seg_size
             self.reserved += seg_size
             self.peak_reserved = max(self.peak_reserved, self.reserved)
             block = _Block(seg, 0, seg_size)
@@ -99,6 +114,18 @@ class CachingAllocatorModel:
         self._live[key] = block
         self.allocated += block.size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
+
+    def _release_cached_segments(self) -> None:
+        """cudaFree every segment that is one free block (holds no live tensor)."""
+        for seg, offs in list(self._seg_blocks.items()):
+            if offs != [0]:
+                continue
+            block = self._blocks[(seg, 0)]
+            if not block.free or block.size != self._seg_size[seg]:
+                continue
+            self._remove_free(block, self._seg_small[seg])
+            del self._blocks[(seg, 0)], self._seg_blocks[seg]
+            self.reserved -= self._seg_size.pop(seg)
 
     def free(self, key: int) -> None:
         block = self._live.pop(key, None)
@@ -138,3 +165,15 @@ def replay(events: list[tuple[int, int]]) -> tuple[int, int]:
         else:
             model.free(key)
     return model.peak_allocated, model.peak_reserved
+
+
+def replay_within(events: list[tuple[int, int]], limit_bytes: int) -> tuple[int, bool]:
+    """(peak reserved, out of memory?) replaying `events` on a device with `limit_bytes` free for
+    the allocator, cached segments released and the request retried when a cudaMalloc would fail."""
+    model = CachingAllocatorModel(limit_bytes)
+    for key, nbytes in events:
+        if nbytes > 0:
+            model.malloc(key, nbytes)
+        else:
+            model.free(key)
+    return model.peak_reserved, model.oom

@@ -20,6 +20,23 @@ Three figures, as PyTorch users know them:
     peak_reserved_bytes   torch.cuda.max_memory_reserved(): allocated plus the caching allocator's
                           fragmentation, from replaying the traced allocations (allocator.py)
     device_used_bytes     reserved + CUDA context and kernels: what nvidia-smi shows
+
+The framework release changes memory without changing the model (`Runtime`, presets in
+data/overheads.json; the default is today's PyTorch):
+    zero_grad_set_to_none  False before PyTorch 2.0: zero_grad() zeroes the gradients in place, so
+                           all of them stay allocated through the next forward (+ gradient bytes in
+                           the forward and backward phases)
+    optimizer_foreach      False before PyTorch 2.0 (and for transformers.AdamW): the step loops
+                           over parameters, so its temporaries are those of one parameter
+    cuda_lazy_loading      False before PyTorch 1.13 / CUDA 11.7: every kernel is loaded into the
+                           context when it is created (1343 MiB on a V100 instead of ~426 MiB)
+    softmax_saves_input    True up to PyTorch 1.10: softmax / log_softmax also keep their input
+                           for backward (+ the attention scores once more per layer)
+
+A job fits when the CUDA context plus what the allocator must reserve fits the device. Near the
+limit the allocator gives cached free segments back and retries (allocator.py), so for one device
+the fit test replays the step against the device's free memory instead of adding the
+unconstrained fragmentation (`reserved_at_limit`).
 """
 from __future__ import annotations
 
@@ -28,8 +45,12 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from .accelerators import Accelerator
-from .allocator import replay
+from .allocator import replay, replay_within
 from .trace.tracer import Trace
+
+# torch.optim optimizers whose step runs multi-tensor (foreach) on CUDA; the others in
+# trace/optimizers.py (Lion, Adafactor, 8-bit AdamW) are traced as per-parameter loops already
+FOREACH_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
 
 
 @dataclass
@@ -64,24 +85,110 @@ class MemoryEstimate:
         return self.capacity_bytes - self.device_used_bytes
 
 
+@dataclass(frozen=True)
+class Runtime:
+    """Framework defaults that change memory but not the model; see the module docstring."""
+
+    name: str = "torch2"
+    zero_grad_set_to_none: bool = True
+    optimizer_foreach: bool = True
+    cuda_lazy_loading: bool = True
+    softmax_saves_input: bool = False
+
+
 def overheads() -> dict:
     """Framework overheads as data (data/overheads.json), each with its source."""
     text = (resources.files("trainplan") / "data" / "overheads.json").read_text()
     return json.loads(text)
 
 
-def framework_overhead_bytes(accel: Accelerator) -> int:
+def runtime(name: str | None = None) -> Runtime:
+    """A runtime preset of data/overheads.json by name (None: the default, today's PyTorch)."""
+    r = overheads()["runtimes"]
+    name = name or r["default"]
+    if name not in r["presets"]:
+        from .errors import TrainplanError
+        raise TrainplanError(f"No runtime preset {name!r}.", allowed=", ".join(r["presets"]))
+    p = r["presets"][name]
+    return Runtime(name, bool(p["zero_grad_set_to_none"]), bool(p["optimizer_foreach"]),
+                   bool(p["cuda_lazy_loading"]), bool(p["softmax_saves_input"]))
+
+
+def framework_overhead_bytes(accel: Accelerator, rt: Runtime | None = None) -> int:
+    """Device memory outside PyTorch's allocator: the CUDA context with its loaded kernels."""
     o = overheads()
     if accel.kind == "tpu":
         return int(o["xla_runtime_bytes"]["value"])
-    return int(o["cuda_context_bytes"]["value"])
+    rt = rt or runtime()
+    key = "cuda_context_lazy_bytes" if rt.cuda_lazy_loading else "cuda_context_bytes"
+    return int(o[key]["value"])
 
 
-def _transform(cats: dict[str, int], job, trace: Trace, phase: str) -> dict[str, int]:
-    """One phase's live bytes by category -> the same on one device under job.strategy."""
-    n = max(1, job.gpus)
+def largest_trainable_tensor_bytes(trace: Trace) -> int:
+    """Bytes of the largest trainable parameter tensor (bounded by the largest leaf module's
+    trainable parameters: a leaf holds one weight and maybe a bias), in the trainable dtype."""
+    parents = {m.name.rsplit(".", 1)[0] for m in trace.modules if "." in m.name}
+    leaves = [m for m in trace.modules if m.name != "(total)" and m.name not in parents]
+    largest = max((m.trainable_params for m in leaves), default=trace.params_trainable)
+    per_param = trace.trainable_param_bytes / max(1, trace.params_trainable)
+    return int(largest * per_param)
+
+
+SOFTMAX_OPS = ("_softmax", "_log_softmax")
+
+
+def softmax_input_bytes(trace: Trace) -> tuple[int, int]:
+    """(bytes of the forward's softmax / log_softmax inputs, the largest such sum of one
+    checkpointed block's rerun): what autograd keeps when softmax's backward references its input.
+
+    An op's input is as large as its output (autocast computes softmax in fp32 from an fp32 cast),
+    so it is half the bytes the op moves. Inside a checkpointed block the forward keeps nothing;
+    backward reruns one block at a time and keeps that block's inputs until its backward is done.
+    """
+    blocks = tuple(trace.checkpointed_blocks)
+    saved, rerun = 0.0, {}
+    for r in trace.ops:
+        if r.name not in SOFTMAX_OPS:
+            continue
+        name = r.module.split(".", 1)[1] if "." in r.module else ""
+        block = next((b for b in blocks if name == b or name.startswith(b + ".")), None)
+        if r.phase == "forward" and not r.recompute and block is None:
+            saved += r.bytes / 2
+        elif r.recompute and block is not None:
+            rerun[block] = rerun.get(block, 0.0) + r.bytes / 2
+    return int(saved), int(max(rerun.values(), default=0.0))
+
+
+def _apply_runtime(c: dict[str, float], job, trace: Trace, phase: str, rt: Runtime) -> None:
+    """What an older framework keeps that the traced (today's) step frees; see module docstring.
+
+    zero_grad(set_to_none=False) keeps every gradient allocated from the first backward on, so the
+    forward and backward peaks carry all of them (the trace sets them to None: only those already
+    produced at the peak are counted). A per-parameter optimizer loop makes the temporaries of one
+    tensor at a time: the foreach step's temporaries scale by largest tensor / all trainable bytes
+    (both allocate the same temporaries per element; pytorch/pytorch#97712). Softmax inputs
+    kept for backward (PyTorch <= 1.10) add to the activations from the end of forward on; the
+    backward peak, near its start, still holds them.
+    """
+    if rt.softmax_saves_input and phase in ("forward", "backward"):
+        saved, rerun = softmax_input_bytes(trace)
+        c["activations"] += saved + (rerun if phase == "backward" else 0)
+    if not rt.zero_grad_set_to_none and phase in ("forward", "backward"):
+        c["gradients"] = max(c["gradients"], float(trace.gradient_bytes))
+    if not rt.optimizer_foreach and phase == "optimizer" and job.optimizer in FOREACH_OPTIMIZERS:
+        share = largest_trainable_tensor_bytes(trace) / max(1, trace.trainable_param_bytes)
+        c["temporaries"] *= min(1.0, share)
+
+
+def _transform(cats: dict[str, int], job, trace: Trace, phase: str,
+               rt: Runtime | None = None, devices: int | None = None,
+               ddp_buckets: bool = True) -> dict[str, int]:
+    """One phase's live bytes by category -> the same on one device under job.strategy, sharded
+    over `devices` (default job.gpus; a TPU unit counts each of its cores or chips)."""
+    n = max(1, devices if devices is not None else job.gpus)
     s = job.strategy
     c = {k: float(v) for k, v in cats.items()}
+    _apply_runtime(c, job, trace, phase, rt or runtime())
     shard_states = s in ("zero1", "zero2", "zero3", "fsdp")
     shard_grads = s in ("zero2", "zero3", "fsdp")
     shard_weights = s in ("zero3", "fsdp")
@@ -103,26 +210,34 @@ def _transform(cats: dict[str, int], job, trace: Trace, phase: str) -> dict[str,
             c["temporaries"] = 0
     if job.offload == "optimizer+params":
         c["weights"] = 0 if shard_weights else c["weights"]
-    if s == "ddp" and n > 1:
+    if s == "ddp" and n > 1 and ddp_buckets:
         c["gradients"] += trace.gradient_bytes   # bucket copies, allocated at DDP construction
     return {k: int(v) for k, v in c.items()}
 
 
-def estimate_memory(trace: Trace, accel: Accelerator, job) -> MemoryEstimate:
-    """Per-device memory of `job` (as traced) on `accel`; see the module docstring."""
+def estimate_memory(trace: Trace, accel: Accelerator, job,
+                    rt: Runtime | None = None) -> MemoryEstimate:
+    """Per-device memory of `job` (as traced) on `accel` under framework runtime `rt` (default:
+    today's PyTorch); see the module docstring."""
+    rt = rt or runtime()
     phases = trace.phase_peaks or {trace.peak_phase: (trace.peak_allocated_bytes,
                                                        trace.peak_breakdown_bytes)}
     best_phase, best = None, None
+    devices = max(1, job.gpus) * accel.devices_per_unit
     for phase, (_total, cats) in phases.items():
-        t = _transform(cats, job, trace, phase)
+        # torch_xla all-reduces gradients in place (no DDP bucket copies)
+        t = _transform(cats, job, trace, phase, rt, devices, ddp_buckets=accel.kind != "tpu")
         if best is None or sum(t.values()) > sum(best.values()):
             best_phase, best = phase, t
     allocated = sum(best.values())
     # fragmentation measured on the single-device replay, applied to this strategy's peak
-    peak_alloc_sim, peak_reserved_sim = replay(trace.alloc_events)
+    peak_alloc_sim, peak_reserved_sim = _replay_once(trace)
     frag = peak_reserved_sim / peak_alloc_sim if peak_alloc_sim else 1.0
     reserved = int(allocated * frag)
-    overhead = framework_overhead_bytes(accel)
+    overhead = framework_overhead_bytes(accel, rt)
+    if reserved + overhead > accel.usable_memory_bytes >= allocated + overhead:
+        reserved = reserved_at_limit(trace, job, allocated, peak_alloc_sim,
+                                     accel.usable_memory_bytes - overhead) or reserved
     gpu0_extra = 0
     if job.strategy == "dp" and job.gpus > 1:
         # GPU 0 gathers every replica's outputs and holds the only optimizer state
@@ -142,6 +257,32 @@ def estimate_memory(trace: Trace, accel: Accelerator, job) -> MemoryEstimate:
         capacity_bytes=accel.usable_memory_bytes, breakdown_bytes=breakdown,
         peak_phase=best_phase, host_ram_bytes=host, gpu0_extra_bytes=gpu0_extra)
     return est
+
+
+def _replay_once(trace: Trace) -> tuple[int, int]:
+    """`replay(trace.alloc_events)`, memoised on the trace: it depends on the trace only, and an
+    estimate over every catalog accelerator would otherwise replay the same events each time."""
+    cached = getattr(trace, "_replay_peaks", None)
+    if cached is None:
+        cached = replay(trace.alloc_events)
+        trace._replay_peaks = cached
+    return cached
+
+
+def reserved_at_limit(trace: Trace, job, allocated: int, traced_allocated: int,
+                      free_bytes: int) -> int | None:
+    """Peak reserved when only `free_bytes` are free, or None if the step runs out of memory.
+
+    Replays the traced allocations with the allocator's release-and-retry path (allocator.py).
+    Bytes this job holds beyond the traced step (runtime or strategy terms: kept gradients, DDP
+    buckets) are long-lived, so they are taken off the free memory first. Only a single-device
+    job without offload replays its own allocation order; others return None (no claim).
+    """
+    if job.strategy not in ("single",) or job.gpus > 1 or job.offload != "none":
+        return None
+    extra = max(0, allocated - traced_allocated)
+    peak, oom = replay_within(trace.alloc_events, free_bytes - extra)
+    return None if oom else min(free_bytes, peak + extra)
 
 
 def _output_bytes(trace: Trace) -> int:
