@@ -231,8 +231,10 @@ def job_from_dict(data: dict, node=None, source: str = "job", base_dir: Path | N
             if key == "inputs" and isinstance(v, list):
                 v = tuple(v)
             kw[key] = v
-        elif k in _SEED_KEYS or k in ("objectives", "encoding", "regularizers", "notes",
-                                      "description"):
+        elif k == "notes":   # the job file's own notes (a string or a list): shown with results
+            v = data.pop(k)
+            notes.extend([str(v)] if isinstance(v, str) else [str(x) for x in v or ()])
+        elif k in _SEED_KEYS or k in ("objectives", "encoding", "regularizers", "description"):
             data.pop(k)
     if data:
         k = next(iter(data))

@@ -1,0 +1,98 @@
+"""`trainplan plan [JOB]`: where to run a job -- fit after fixes, micro-batch and accumulation,
+step time, time to finish in sessions and quota weeks, checkpoints, dollars, a verdict and
+checklist per platform, and a ranking. With no JOB it plans examples/graphmer-se.yaml.
+
+Precedence: CLI flags > YAML job file > defaults. Platforms: --platforms, else the job's
+`platforms:`, else every current platform of the catalog (plus --platforms-file's).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import TrainplanError
+from .common import add_job_flags, job_from_args
+
+DEFAULT_JOB = "examples/graphmer-se.yaml"
+
+
+def plan_command_parser(sub) -> None:
+    p = sub.add_parser("plan", help="plan a job over platforms: fit, fixes, time, sessions, cost, ranking",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("job_file_pos", nargs="?", metavar="JOB",
+                   help=f"YAML job file (default: {DEFAULT_JOB})")
+    p.add_argument("--platforms", help="comma-separated platform ids (trainplan catalog platforms), "
+                                       "or 'all' for every current one")
+    p.add_argument("--platforms-file", help="YAML file of your own platforms (added to the catalog)")
+    n = p.add_mutually_exclusive_group()
+    n.add_argument("--steps", type=int, help="optimizer steps to run")
+    n.add_argument("--epochs", type=float, help="epochs over --dataset-size samples")
+    p.add_argument("--dataset-size", type=int, help="training samples per epoch (with --epochs)")
+    p.add_argument("--target-batch", type=int, help="global batch per optimizer step "
+                                                     "(default: the job's batch x accumulation x devices)")
+    p.add_argument("--budget", type=float, metavar="USD", help="most dollars to spend")
+    p.add_argument("--deadline", type=float, metavar="HOURS", help="latest finish, in hours from now")
+    p.add_argument("--optimize", choices=("time", "cost", "balanced"), default="balanced",
+                   help="rank by time to finish, by dollars, or by dollars + $10/h of waiting "
+                        "(default balanced)")
+    # --- reports (issue 6): report/plan_output.py ---
+    p.add_argument("--format", choices=("text", "md", "json", "html"), default="text",
+                   help="stdout: text (terminal tables), md (Markdown), json (the whole plan), "
+                        "html (a self-contained page)")
+    p.add_argument("--report", metavar="FILE", help="also write the report to FILE: plan.md, "
+                                                    "plan.html or plan.json (format from the extension)")
+    add_job_flags(p)
+    p.set_defaults(func=plan_command)
+
+
+def _default_job() -> str:
+    here = Path(DEFAULT_JOB)
+    if here.exists():
+        return str(here)
+    repo = Path(__file__).resolve().parents[3] / DEFAULT_JOB   # editable install: <repo>/src/trainplan/cli
+    if repo.exists():
+        return str(repo)
+    raise TrainplanError(f"No job given and {DEFAULT_JOB} is not here.",
+                         fix="give a job file: trainplan plan path/to/job.yaml")
+
+
+def _positive(name: str, v, integer: bool = True) -> None:
+    if v is not None and (v <= 0 or (integer and int(v) != v)):
+        raise TrainplanError(f"--{name} must be a positive {'integer' if integer else 'number'}, got {v}.")
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    from ..plan import make_plan, select_platforms
+    path = args.job_file_pos or (None if getattr(args, "model", None) or args.job_file else _default_job())
+    job = job_from_args(args, path)
+    for name in ("steps", "dataset_size", "target_batch"):
+        _positive(name.replace("_", "-"), getattr(args, name))
+    _positive("epochs", args.epochs, integer=False)
+    kw = {k: getattr(args, k) for k in ("steps", "epochs", "dataset_size", "target_batch")
+          if getattr(args, k) is not None}
+    if args.steps is not None:
+        kw.update(epochs=None, dataset_size=None)
+    elif args.epochs is not None:
+        kw["steps"] = None
+    job = job.with_(**kw)
+    if job.epochs is not None and not job.steps and not job.dataset_size:
+        raise TrainplanError("--epochs needs the dataset size.", fix="add --dataset-size N (samples per epoch)")
+    ids = [s for s in (args.platforms or "").split(",") if s.strip()] or list(job.platforms)
+    if [i.strip().lower() for i in ids] == ["all"]:
+        ids = []
+    platforms = select_platforms(ids, args.platforms_file)
+    # --- reports (issue 6): progress on stderr, extras for md/json/html, then the output ---
+    from ..plan import Planner
+    from ..report.plan_output import emit_plan, extras_for, report_format
+    from ..report.plan_rich import tracing_progress
+    report_format(args.report)             # a bad extension fails before the tracing
+    with tracing_progress() as progress:
+        planner = Planner(job, progress=progress)
+        plan = make_plan(job, platforms, optimize=args.optimize, budget_usd=args.budget,
+                         deadline_s=args.deadline * 3600 if args.deadline is not None else None,
+                         planner=planner)
+        extras = extras_for(plan, platforms, planner, args.format, args.report)
+    emit_plan(plan, extras, args.format, args.report)
+    return 0

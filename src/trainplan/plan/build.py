@@ -1,0 +1,162 @@
+"""Plan a job over platforms: the whole `trainplan plan`, as a typed `Plan`.
+
+For every platform (planner.py): adapt the job to the devices, choose micro-batch and
+accumulation, and if the device memory does not hold it, climb the fix ladder (fixes.py); if it
+fits but misses the deadline, try the speed rungs. Then sessions, quota, checkpoints, cost, the
+verdict and checklist (verdict.py), and finally the ranking (rank.py).
+
+Traces are shared: the first pass traces, per kernel semantics, the extreme per-device batches
+all platforms need; platforms that must accumulate gradients get a second shared pass at
+micro-batches 1 and P - 1; everything between is interpolated.
+"""
+from __future__ import annotations
+
+from ..errors import TrainplanError, unknown
+from ..platforms import Platform, load_platforms
+from .fixes import SPEED_LADDER
+from .planner import Config, Planner, platform_job, steps_for
+from .rank import rank, tier
+from .result import OPTIMIZE, JobSummary, Plan, PlatformPlan
+from .verdict import assess, batch_change
+
+
+def select_platforms(ids: list[str] | tuple[str, ...] | None, platforms_file: str | None = None
+                     ) -> list[Platform]:
+    """Platforms by id (case-insensitive, retired ones too), or all current ones."""
+    catalog = load_platforms(platforms_file)
+    if not ids:
+        return [p for p in catalog.values() if p.is_current]
+    lower = {k.lower(): p for k, p in catalog.items()}
+    out = []
+    for i in ids:
+        p = lower.get(str(i).strip().lower())
+        if p is None:
+            raise unknown("platform", str(i), catalog,
+                          hint="list them with `trainplan catalog platforms`, or add your own with "
+                               "--platforms-file")
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def _summary(job, cfg: Config | None) -> JobSummary:
+    tr = cfg.trace if cfg else None
+    return JobSummary(model=job.model, name=job.model_label,
+                      params_total=tr.params_total if tr else None,
+                      params_trainable=tr.params_trainable if tr else None,
+                      precision=job.precision, optimizer=job.optimizer, strategy=job.strategy,
+                      batch_size=job.batch_size, grad_accum=job.grad_accum, seq_len=job.seq_len,
+                      image_size=job.image_size, lora_rank=job.lora.rank if job.lora else None,
+                      quantize=job.quantize, grad_checkpointing=job.grad_checkpointing)
+
+
+def plan_platform(planner: Planner, platform: Platform, jp, base_changes: list[str],
+                  deadline_s: float | None, budget_usd: float | None) -> PlatformPlan:
+    job = planner.job
+    cfg = planner.configure(jp, platform)
+    fixes, skipped = [], []
+    if not cfg.device_fits:
+        _jv, cfg, fixes, skipped = planner.ladder(jp, platform, cfg, need=lambda c: c.device_fits)
+    glob = cfg.micro_batch * cfg.grad_accum * platform.devices
+    steps, _src = steps_for(job, glob)
+    sessions = storage = cost = None
+    if cfg.device_fits:
+        sessions = planner.sessions(cfg, steps)
+        if deadline_s is not None and sessions.finish_s > deadline_s:
+            _jv, fast, more, skip2 = planner.ladder(
+                cfg.job, platform, cfg, rungs=SPEED_LADDER,
+                need=lambda c: planner.sessions(c, steps).finish_s <= deadline_s)
+            fixes, skipped = fixes + more, skipped + skip2
+            if fast is not cfg:
+                cfg = fast
+                glob = cfg.micro_batch * cfg.grad_accum * platform.devices
+                steps, _src = steps_for(job, glob)
+                sessions = planner.sessions(cfg, steps)
+        storage = planner.storage(cfg)
+        cost = planner.cost(cfg, sessions)
+    changes = list(base_changes)
+    bc = batch_change(job, cfg, platform.devices, planner.target_batch)
+    if bc:
+        changes.append(bc)
+    changes += [f"{f.title} ({', '.join(f'{k}: {v}' for k, v in f.setting.items())})"
+                + (" -- changes what is trained" if f.changes_training else "")
+                for f in fixes if not f.note]
+    verdict, checklist, fail = assess(platform, job, cfg, changes, sessions, storage, cost, steps,
+                                      deadline_s, budget_usd, planner.target_batch)
+    t, m = cfg.time, cfg.memory
+    return PlatformPlan(
+        platform_id=platform.id, name=platform.name, provider=platform.provider,
+        accelerator_id=platform.accelerator_id, accelerator_count=platform.accelerator_count,
+        devices=platform.devices, status=platform.status,
+        retired_on=platform.retired_on or (None if platform.is_current else platform.status_as_of),
+        verdict=verdict, fits=cfg.fits and not fail, strategy=cfg.job.strategy,
+        precision=cfg.job.precision, micro_batch_size=cfg.micro_batch, grad_accum=cfg.grad_accum,
+        global_batch_size=glob, device_used_bytes=m.device_used_bytes,
+        capacity_bytes=m.capacity_bytes, peak_phase=m.peak_phase,
+        memory_breakdown_bytes=dict(m.breakdown_bytes), host_ram_bytes=m.host_ram_bytes,
+        platform_ram_bytes=platform.ram_bytes, step_time_s=t.step_time_s if t else None,
+        samples_per_s=t.samples_per_s if t else None, tokens_per_s=t.tokens_per_s if t else None,
+        mfu=t.mfu if t else None, bound=getattr(t, "bound", None), steps=steps,
+        train_s=steps * t.step_time_s if t else None, sessions=sessions, storage=storage,
+        cost=cost, changes=tuple(changes), fixes=tuple(fixes), skipped_fixes=tuple(skipped),
+        checklist=checklist, findings=tuple(f.to_dict() for f in cfg.findings),
+        within_budget=None if budget_usd is None or cost is None else cost.total_usd <= budget_usd,
+        meets_deadline=None if deadline_s is None or sessions is None else sessions.finish_s <= deadline_s,
+        interpolated=cfg.interpolated, reason=fail)
+
+
+def make_plan(job, platforms: list[Platform], optimize: str = "balanced",
+              budget_usd: float | None = None, deadline_s: float | None = None,
+              planner: Planner | None = None, progress=None) -> Plan:
+    """Plan `job` on `platforms` and rank them. Pass a `planner` to reuse its traces (also for
+    a variant of its job: another length, batch or budget)."""
+    if optimize not in OPTIMIZE:
+        raise TrainplanError(f"--optimize {optimize!r} is not a choice.", allowed=", ".join(OPTIMIZE))
+    if budget_usd is not None and budget_usd < 0:
+        raise TrainplanError(f"--budget must be >= 0, got {budget_usd}.")
+    if deadline_s is not None and deadline_s <= 0:
+        raise TrainplanError("--deadline must be a positive number of hours.")
+    if not platforms:
+        raise TrainplanError("No platform to plan on.", fix="name some with --platforms, or drop "
+                                                            "the option to plan on every current one")
+    if planner is None:
+        planner = Planner(job, progress=progress)
+    elif planner.job != job:          # another job (steps, batch...): share the traces only
+        planner = Planner(job, traces=planner.traces)
+    steps, steps_src = steps_for(job, planner.target_batch)
+    adapted = [(platform_job(job, p), p) for p in platforms]
+    planner.prime([(jp, p) for (jp, _), p in adapted])
+    first = [(jp, p, planner.evaluate(jp, p, planner.per_device(p), 1)) for (jp, _), p in adapted]
+    planner.prime([(jp, p) for jp, p, c in first if not c.fits and planner.per_device(p) > 1],
+                  accumulate=True)
+    plans = [plan_platform(planner, p, jp, ch, deadline_s, budget_usd) for (jp, ch), p in adapted]
+    ranked = rank(plans, optimize, budget_usd, deadline_s)
+    best = ranked[0] if ranked and tier(ranked[0]) == 0 else None
+    cfg0 = next((planner.configure(jp, p) for (jp, _), p in adapted), None)
+    notes = list(dict.fromkeys(cfg0.trace.notes)) if cfg0 else []
+    return Plan(job=_summary(job, cfg0), steps=steps, steps_source=steps_src, epochs=job.epochs,
+                dataset_size=job.dataset_size, target_batch=planner.target_batch,
+                optimize=optimize, budget_usd=budget_usd, deadline_s=deadline_s,
+                platforms=tuple(ranked), winner=best.platform_id if best else None,
+                recommendation=_recommendation(best, ranked),
+                assumptions=_assumptions(job), notes=tuple(notes))
+
+
+def _recommendation(best: PlatformPlan | None, ranked: list[PlatformPlan]) -> str:
+    if best is not None:
+        return f"{best.platform_id}: {best.verdict} -- {best.reason}"
+    live = [p for p in ranked if p.verdict != "RETIRED"]
+    if live and live[0].verdict in ("READY", "READY WITH CHANGES"):
+        return f"none within the limits; closest: {live[0].platform_id} ({live[0].reason})"
+    return "no platform fits this job, even after the fix ladder; see each platform's fixes"
+
+
+def _assumptions(job) -> dict:
+    from . import sessions as ses
+    from .rank import VALUE_OF_TIME_USD_PER_H
+    return {"session_overhead_s": (ses.DEFAULT_SESSION_OVERHEAD_S if job.session_overhead_s is None
+                                   else float(job.session_overhead_s)),
+            "checkpoint_every_max_s": ses.CHECKPOINT_EVERY_S,
+            "value_of_time_usd_per_h": VALUE_OF_TIME_USD_PER_H,
+            "quota": "run starts right after a weekly quota reset; sessions back to back"}
+

@@ -1,0 +1,334 @@
+"""A job on one platform: devices and strategy, micro-batch and accumulation, memory, step time,
+the fix ladder when it does not fit, then sessions, quota, checkpoints and cost.
+
+Devices and strategy. A platform gives `accelerator_count` units of `devices_per_unit` devices
+(Kaggle T4 x2: 2 GPUs; TPU v5e-8: 8 chips). The job runs on all of them:
+  - one device: a multi-device strategy has nothing to spread over and is planned as `single`
+    (ZeRO with CPU offload stays: ZeRO-Offload works on one GPU);
+  - several devices and a job that says `single`: data parallel over all of them (DDP via
+    `torchrun --nproc-per-node N` on GPUs, one process per core/chip on TPUs), listed as a change;
+    that is what a user choosing a 2-GPU platform expects. DataParallel on a TPU becomes DDP;
+  - otherwise the job's own strategy (dp, ddp, zero1-3, fsdp) over all the devices.
+
+Global batch. The job's global batch is `target_batch`, or batch_size x grad_accum x devices as
+the job is written. On a platform with d devices each device must process P = ceil(G / d)
+samples per optimizer step. If micro-batch P fits it runs with no accumulation; otherwise the
+largest micro-batch c < P that fits is found and split as b x k with k = ceil(P / b), preferring
+a b that divides P (exact global batch) when one exists in [c/2, c] (8 x 4 rather than 11 x 3 for
+P = 32). Memory grows with b, so the search runs on two traces (b = 1 and b = P - 1, with
+gradients accumulating) and micro-batches between them are interpolated (interpolate.py).
+
+Steps: `steps`, or ceil(epochs x dataset_size / global batch). Time: steps x step time
+(timing.py) plus per-session overhead (sessions.py; the XLA compile time of a TPU step graph is
+paid again every session). Cost: cost.py. Checkpoints: storage.py.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+
+from ..accelerators import get_accelerator
+from ..errors import TrainplanError
+from ..estimate import check_compatible, semantics_for
+from ..memory import Finding, estimate_memory
+from ..platforms import Platform
+from ..timing import estimate_step_time
+from . import cost as cost_mod
+from . import sessions as ses
+from . import storage as sto
+from .fixes import LADDER, SPEED_LADDER, Skip, compatibility
+from .result import Fix, Sessions, Storage
+from .traces import Traces, trace_job
+
+try:
+    from ..measure.calibrate import apply_calibration
+except ImportError:   # pragma: no cover - measurement layer not installed
+    apply_calibration = None
+
+_TIME_TAKES_CORES = "cpu_cores" in inspect.signature(estimate_step_time).parameters
+MiB = 2**20
+KEEP_MIN_BYTES = 64 * MiB   # a rung that frees less is reported, not kept (it has a cost)
+
+
+class Config:
+    """One configuration evaluated on a platform: the job at micro-batch b with k accumulation
+    steps, its trace (or interpolated trace), memory, step time and compatibility findings."""
+
+    def __init__(self, job, platform: Platform, trace, interpolated: bool, memory, time, findings):
+        self.job, self.platform, self.trace, self.interpolated = job, platform, trace, interpolated
+        self.memory, self.time, self.findings = memory, time, findings
+
+    @property
+    def micro_batch(self) -> int:
+        return self.job.batch_size
+
+    @property
+    def grad_accum(self) -> int:
+        return self.job.grad_accum
+
+    @property
+    def host_ok(self) -> bool | None:
+        ram = self.platform.ram_bytes
+        return None if ram is None else self.memory.host_ram_bytes <= ram
+
+    @property
+    def device_fits(self) -> bool:
+        return self.memory.fits and not any(f.severity == "error" for f in self.findings)
+
+    @property
+    def fits(self) -> bool:
+        return self.device_fits and self.host_ok is not False
+
+    @property
+    def used_bytes(self) -> int:
+        return self.memory.device_used_bytes
+
+
+def job_devices(job) -> int:
+    """Devices the job as written runs on: gpus x devices per unit of its accelerator."""
+    per_unit = get_accelerator(job.gpu).devices_per_unit if job.gpu else 1
+    return max(1, job.gpus) * per_unit
+
+
+def target_batch(job) -> int:
+    """The global batch per optimizer step: `target_batch`, else as the job is written."""
+    if job.target_batch:
+        return int(job.target_batch)
+    return job.batch_size * job.grad_accum * job_devices(job)
+
+
+def steps_for(job, global_batch: int) -> tuple[int, str]:
+    """(optimizer steps, where they come from)."""
+    if job.steps:
+        return int(job.steps), "steps"
+    if job.epochs and job.dataset_size:
+        return (max(1, math.ceil(job.epochs * job.dataset_size / global_batch - 1e-9)),
+                "epochs x dataset_size / global batch")
+    raise TrainplanError("A plan needs the length of the run.",
+                         fix="give --steps N, or --epochs E with --dataset-size N (or `steps:` / "
+                             "`epochs:` and `dataset_size:` in the job file)")
+
+
+def platform_job(job, platform: Platform) -> tuple[object, list[str]]:
+    """The job adapted to the platform's devices (see the module docstring); returns the changes."""
+    accel = platform.accelerator
+    devices, changes = platform.devices, []
+    strategy = job.strategy
+    if devices == 1:
+        if strategy in ("dp", "ddp"):
+            if job_devices(job) > 1:
+                changes.append(f"one device: run without {'DataParallel' if strategy == 'dp' else 'DDP'}")
+            strategy = "single"
+        elif strategy in ("zero1", "zero2", "zero3", "fsdp") and job.offload == "none":
+            changes.append(f"single device: {job.strategy} has nothing to shard, planned as one "
+                           "process (strategy single)")
+            strategy = "single"
+    else:
+        if strategy == "single":
+            how = (f"one process per {accel.id} core/chip (torch_xla)" if accel.kind == "tpu" else
+                   f"torchrun --nproc-per-node {devices}")
+            changes.append(f"data parallel (DDP) over the {devices} devices: {how}; the job says single")
+            strategy = "ddp"
+        elif strategy == "dp" and accel.kind == "tpu":
+            changes.append("DDP instead of DataParallel (CUDA-only) over the TPU's devices")
+            strategy = "ddp"
+    jp = job.with_(gpu=accel.id, gpus=platform.accelerator_count, strategy=strategy)
+    jp, compat = compatibility(jp, accel)
+    return jp, changes + compat
+
+
+def preferred_micro_batch(largest: int, per_device: int) -> int:
+    """b <= largest fitting micro-batch: a divisor of the per-device batch in [largest/2, largest]
+    if there is one (exact global batch), else `largest`."""
+    for b in range(largest, 0, -1):
+        if 2 * b < largest:
+            break
+        if per_device % b == 0:
+            return b
+    return largest
+
+
+class Planner:
+    """Plans one job on platforms; traces are shared across platforms and fix-ladder rungs."""
+
+    def __init__(self, job, traces: Traces | None = None, progress=None):
+        self.job = job
+        self.traces = traces or Traces(progress)
+        self.target_batch = target_batch(job)
+        self._memory: dict[tuple, object] = {}
+        self._configs: dict[tuple, Config] = {}
+
+    # --- one configuration ----------------------------------------------------------------
+    def per_device(self, platform: Platform) -> int:
+        return max(1, math.ceil(self.target_batch / platform.devices))
+
+    def evaluate(self, jv, platform: Platform, batch: int, accum: int) -> Config:
+        accel = platform.accelerator
+        jb = jv.with_(batch_size=batch, grad_accum=accum)
+        findings = check_compatible(jb, accel)
+        sem = semantics_for(jb, accel)
+        tr, interp = self.traces.at(jb, sem, batch)
+        mkey = (id(tr), accel.id, jb.gpus, jb.strategy, jb.offload)
+        if mkey not in self._memory:
+            self._memory[mkey] = estimate_memory(tr, accel, jb)
+        mem = self._memory[mkey]
+        kw = {"cpu_cores": platform.cpu_cores} if _TIME_TAKES_CORES else {}
+        time = estimate_step_time(tr, accel, jb, **kw)
+        if apply_calibration is not None:
+            time = apply_calibration(time, accel.id)
+        if mem.gpu0_extra_bytes:
+            findings.append(Finding("warning", f"GPU 0 holds {mem.gpu0_extra_bytes / 2**30:.2f} GiB "
+                                               "more than the others (DataParallel gathers outputs "
+                                               "there).", "use DDP (torchrun)"))
+        return Config(jb, platform, tr, interp, mem, time, findings)
+
+    def configure(self, jv, platform: Platform) -> Config:
+        """Micro-batch and accumulation for variant `jv` on `platform` (module docstring)."""
+        key = (repr(jv), platform.accelerator_id, platform.accelerator_count, platform.ram_bytes,
+               platform.cpu_cores)
+        if key not in self._configs:
+            P = self.per_device(platform)
+            cfg = self.evaluate(jv, platform, P, 1)
+            if not cfg.fits and P > 1 and not _blocked(cfg):
+                cfg = self._accumulate(jv, platform, P)
+            self._configs[key] = cfg
+        cfg = copy.copy(self._configs[key])   # same hardware, same numbers; this platform's limits
+        cfg.platform = platform
+        return cfg
+
+    def _accumulate(self, jv, platform: Platform, P: int) -> Config:
+        def at(b: int) -> Config:
+            return self.evaluate(jv, platform, b, math.ceil(P / b))
+
+        lo = at(1)
+        if not lo.fits or P == 2:
+            return lo
+        hi_b = P - 1
+        hi = at(hi_b)
+        if hi.fits:
+            best = hi_b
+        else:
+            # memory is affine in b between the two traces: solve, then check by bisection
+            cap = lo.memory.capacity_bytes
+            slope = max(1.0, (hi.used_bytes - lo.used_bytes) / (hi_b - 1))
+            good, bad = 1, hi_b
+            guess = 1 + int((cap - lo.used_bytes) // slope)
+            while bad - good > 1:
+                b = min(max(guess, good + 1), bad - 1)
+                if at(b).fits:
+                    good = b
+                else:
+                    bad = b
+                guess = (good + bad) // 2
+            best = good
+        return at(preferred_micro_batch(best, P))
+
+    def prime(self, jobs_platforms, accumulate: bool = False) -> None:
+        """Trace first what many platforms share, so that what lies between is interpolated: per
+        traced variant and kernel semantics, the smallest and largest per-device batch P
+        (no accumulation), or with `accumulate` micro-batches 1 and the largest P - 1."""
+        groups: dict[tuple, tuple] = {}
+        for jv, p in jobs_platforms:
+            sem = semantics_for(jv, p.accelerator)
+            jt = jv.with_(grad_accum=2 if accumulate else 1)
+            _, _, sizes = groups.setdefault((repr(trace_job(jt)), sem.key()), (jt, sem, set()))
+            P = self.per_device(p)
+            sizes.update((1, P - 1) if accumulate and P > 2 else (1,) if accumulate else (P,))
+        self.traces.prefetch([(jt.with_(batch_size=b), sem, b)
+                              for jt, sem, sizes in groups.values()
+                              for b in sorted({min(sizes), max(sizes)})])
+
+    # --- the ladder -------------------------------------------------------------------------
+    def ladder(self, jv, platform: Platform, cfg: Config, rungs=LADDER, need=None):
+        """Apply rungs on top of each other until `need(cfg)` holds (default: it fits).
+        Returns (job, config, fixes, skipped). A rung that changes nothing measurable (memory
+        when fitting, step time when speeding up) is tried, reported, and not kept."""
+        need = need or (lambda c: c.fits)
+        speed = rungs is SPEED_LADDER
+        fixes, skipped = [], []
+        for rung in rungs:
+            if need(cfg):
+                break
+            r = rung(jv, platform.accelerator, platform.devices)
+            if r is None:
+                continue
+            if isinstance(r, Skip):
+                skipped.append(f"{r.rung}: {r.reason}")
+                continue
+            bound = _at_most_saves(r.rung, cfg)
+            if not speed and bound is not None and bound < max(KEEP_MIN_BYTES, 0.01 * cfg.used_bytes):
+                fixes.append(Fix(r.rung, r.title, r.setting, False, None, None, cfg.used_bytes, None,
+                                 cfg.time.step_time_s, None, r.changes_training,
+                                 f"saves at most {bound / MiB:.0f} MiB here (the trace's optimizer "
+                                 "state); not tried"))
+                continue
+            try:
+                new = self.configure(r.job, platform)
+            except TrainplanError as err:
+                skipped.append(f"{r.rung}: {err.what}")
+                continue
+            if speed:
+                useful = new.fits and new.time.step_time_s < cfg.time.step_time_s * (1 - 1e-3)
+            else:   # worth its cost: it fits now, or frees >= KEEP_MIN_BYTES and 1% of the memory
+                gain = cfg.used_bytes - new.used_bytes
+                useful = new.fits or gain >= max(KEEP_MIN_BYTES, 0.01 * cfg.used_bytes)
+            fixes.append(Fix(r.rung, r.title, r.setting, new.fits, new.micro_batch, new.grad_accum,
+                             cfg.used_bytes, new.used_bytes, cfg.time.step_time_s,
+                             new.time.step_time_s, r.changes_training,
+                             "" if useful else "no gain here; not kept"))
+            if useful:
+                jv, cfg = r.job, new
+        return jv, cfg, fixes, skipped
+
+    # --- sessions, storage, cost -----------------------------------------------------------
+    def sessions(self, cfg: Config, steps: int) -> Sessions:
+        p, t = cfg.platform, cfg.time
+        work = steps * t.step_time_s
+        compile_s = float(getattr(t, "xla_compile_s", None) or 0.0)
+        setup = self.job.session_overhead_s
+        overhead = (ses.DEFAULT_SESSION_OVERHEAD_S if setup is None else float(setup)) + compile_s
+        n = ses.sessions_needed(work, p.session_max_s, overhead)
+        usable = ses.usable_session_s(p.session_max_s, overhead)
+        every_s = ses.checkpoint_every_s(usable, p.idle_timeout_s, p.background_execution)
+        accel_s = ses.accelerator_s(work, n or 0, overhead)
+        return Sessions(
+            session_max_s=p.session_max_s, overhead_s_per_session=overhead,
+            compile_s_per_session=compile_s, usable_s_per_session=usable, sessions=n or 0,
+            checkpoint_every_s=every_s,
+            checkpoint_every_steps=ses.checkpoint_every_steps(every_s, t.step_time_s),
+            idle_timeout_s=p.idle_timeout_s, background_execution=p.background_execution,
+            accelerator_s=accel_s, weekly_quota_s=p.weekly_quota_s,
+            quota_weeks=ses.quota_weeks(accel_s, p.weekly_quota_s),
+            calendar_weeks=ses.calendar_weeks(accel_s, p.weekly_quota_s),
+            finish_s=ses.finish_s(accel_s, p.weekly_quota_s))
+
+    @staticmethod
+    def storage(cfg: Config) -> Storage:
+        p, job = cfg.platform, cfg.job
+        weights, states = sto.checkpoint_parts(cfg.trace, job.lora is not None)
+        files = sto.files_per_checkpoint(job.strategy, p.devices)
+        ckpt = weights + states
+        return Storage(checkpoint_bytes=ckpt, weights_bytes=weights, optimizer_state_bytes=states,
+                       adapter_only=job.lora is not None, files_per_checkpoint=files,
+                       disk_bytes=p.disk_bytes, output_file_limit=p.output_file_limit,
+                       checkpoints_fit_disk=sto.checkpoints_that_fit(ckpt, p.disk_bytes),
+                       checkpoints_fit_files=sto.checkpoints_within_file_limit(files, p.output_file_limit))
+
+    @staticmethod
+    def cost(cfg: Config, s: Sessions):
+        return cost_mod.run_cost(cfg.platform, s.accelerator_s, s.finish_s)
+
+
+def _at_most_saves(rung: str, cfg: Config) -> float | None:
+    """An upper bound, from the current trace, on what a rung can free (None: no bound known).
+    8-bit AdamW stores 2 of AdamW's 8 state bytes per parameter: it frees at most 3/4 of the
+    optimizer state (less when sharded or offloaded)."""
+    if rung == "optimizer-8bit":
+        return 0.75 * cfg.trace.optimizer_state_bytes
+    return None
+
+
+def _blocked(cfg: Config) -> bool:
+    """An error no micro-batch can cure (unsupported precision): skip the accumulation search."""
+    return any(f.severity == "error" and "GiB per device" not in f.message for f in cfg.findings)

@@ -1,0 +1,211 @@
+"""The plan as typed values: everything `trainplan plan` computed, before any formatting.
+
+This is the contract the reports (text, Markdown, HTML, JSON) read. Field names are stable and
+carry their unit: `_bytes`, `_s` (seconds), `_usd`; counts are plain ints. Nothing here is
+formatted; `units.py` and `report/` do that. `Plan.to_json()` is the JSON form (`schema_version`
+changes only when a key is removed or changes meaning).
+
+Verdicts (one per platform):
+
+    READY               runs as the job is written (same micro-batch, strategy and settings)
+    READY WITH CHANGES  runs after the changes listed in `changes` (micro-batch split,
+                        DDP over the platform's devices, rungs of the fix ladder)
+    WON'T FIT           no rung of the fix ladder makes it fit (or the host, disk or session
+                        cannot hold it); `reason` says what is missing
+    RETIRED             the offering no longer exists (`retired_on` / `status_as_of`); planned for
+                        reference only, never ranked first
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+SCHEMA_VERSION = "1.0"
+READY = "READY"
+READY_WITH_CHANGES = "READY WITH CHANGES"
+WONT_FIT = "WON'T FIT"
+RETIRED = "RETIRED"
+VERDICTS = (READY, READY_WITH_CHANGES, WONT_FIT, RETIRED)
+OPTIMIZE = ("time", "cost", "balanced")
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One rung of the fix ladder, applied on top of the rungs before it, and what re-planning
+    the job with it gave. `setting` is the job change (`{"grad_checkpointing": "selective"}`);
+    the `_after` figures are the re-planned micro-batch, memory and step time; the `_before`
+    figures those of the previous rung (or of the job as planned before the ladder)."""
+
+    rung: str                      # see fixes.RUNGS
+    title: str                     # "selective activation checkpointing"
+    setting: dict
+    fits: bool
+    micro_batch_size: int | None
+    grad_accum: int | None
+    device_used_bytes_before: int | None
+    device_used_bytes_after: int | None
+    step_time_s_before: float | None
+    step_time_s_after: float | None
+    changes_training: bool         # LoRA, QLoRA, shorter sequences: a different training run
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """How the run is cut into sessions and weeks of quota (see plan/sessions.py for formulas)."""
+
+    session_max_s: float | None          # None: no session limit (local, cloud)
+    overhead_s_per_session: float        # start-up + resume + compile, paid by every session
+    compile_s_per_session: float         # the XLA part of the overhead (TPU), else 0
+    usable_s_per_session: float | None   # session_max_s - overhead
+    sessions: int
+    checkpoint_every_s: float            # save cadence: the most work a disconnect can lose
+    checkpoint_every_steps: int
+    idle_timeout_s: float | None
+    background_execution: bool           # False: the browser tab must stay open and active
+    accelerator_s: float                 # training + overheads: what a quota is charged
+    weekly_quota_s: float | None
+    quota_weeks: float | None            # accelerator_s / weekly_quota_s
+    calendar_weeks: int | None           # weeks of quota the run spans (ceil of quota_weeks)
+    finish_s: float                      # wall clock from the first session to the last step
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Checkpoint size and how many the platform's output disk and file limit hold."""
+
+    checkpoint_bytes: int
+    weights_bytes: int                   # what the checkpoint stores of the model
+    optimizer_state_bytes: int
+    adapter_only: bool                   # LoRA: only the adapters and their optimizer state
+    files_per_checkpoint: int
+    disk_bytes: int | None
+    output_file_limit: int | None
+    checkpoints_fit_disk: int | None     # None: no limit known
+    checkpoints_fit_files: int | None
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Dollars for the run (see plan/cost.py). Free tiers and owned hardware cost 0."""
+
+    usd_per_hour: float
+    accelerator_hours: float
+    compute_usd: float
+    subscription_usd: float
+    total_usd: float
+    compute_units: float | None          # Colab compute units the run burns
+    months: int                          # subscription months the run spans (0 if none)
+
+
+@dataclass(frozen=True)
+class CheckItem:
+    """One line of a platform's checklist: status pass | fail | warn | info."""
+
+    status: str
+    text: str
+
+
+@dataclass(frozen=True)
+class PlatformPlan:
+    """The job planned on one platform."""
+
+    platform_id: str
+    name: str
+    provider: str
+    accelerator_id: str
+    accelerator_count: int
+    devices: int
+    status: str                          # catalog status: current | retired | unavailable
+    retired_on: str | None
+    verdict: str
+    fits: bool
+    strategy: str
+    precision: str
+    micro_batch_size: int | None
+    grad_accum: int | None
+    global_batch_size: int | None
+    device_used_bytes: int | None        # per device, what nvidia-smi shows
+    capacity_bytes: int
+    peak_phase: str | None
+    memory_breakdown_bytes: dict
+    host_ram_bytes: int | None           # host memory the job needs (processes, offload, workers)
+    platform_ram_bytes: int | None
+    step_time_s: float | None            # one optimizer step (all micro-batches)
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    mfu: float | None
+    bound: str | None
+    steps: int | None
+    train_s: float | None                # steps x step_time_s, no overheads
+    sessions: Sessions | None
+    storage: Storage | None
+    cost: Cost | None
+    changes: tuple[str, ...]             # what the user changes for this platform, in order
+    fixes: tuple[Fix, ...]               # the ladder rungs tried, with their effects
+    skipped_fixes: tuple[str, ...]       # rungs this platform cannot do, and why
+    checklist: tuple[CheckItem, ...]
+    findings: tuple[dict, ...]           # {severity, message, fix} from the estimator
+    within_budget: bool | None
+    meets_deadline: bool | None
+    interpolated: bool                   # figures interpolated between two traced batches
+    rank: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    model: str
+    name: str
+    params_total: int | None
+    params_trainable: int | None
+    precision: str
+    optimizer: str
+    strategy: str
+    batch_size: int
+    grad_accum: int
+    seq_len: int | None
+    image_size: int | None
+    lora_rank: int | None
+    quantize: str
+    grad_checkpointing: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A job planned over platforms, ranked (`platforms` is in rank order)."""
+
+    job: JobSummary
+    steps: int
+    steps_source: str                    # "steps" | "epochs x dataset_size / global batch"
+    epochs: float | None
+    dataset_size: int | None
+    target_batch: int
+    optimize: str
+    budget_usd: float | None
+    deadline_s: float | None
+    platforms: tuple[PlatformPlan, ...]
+    winner: str | None
+    recommendation: str
+    assumptions: dict = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    schema_version: str = SCHEMA_VERSION
+
+    def platform(self, platform_id: str) -> PlatformPlan:
+        for p in self.platforms:
+            if p.platform_id == platform_id:
+                return p
+        raise KeyError(platform_id)
+
+    def to_json(self) -> dict:
+        """Plain JSON types only (tuples become lists); keys as the field names above."""
+        out = asdict(self)
+        out = {"schema_version": out.pop("schema_version"), **out}
+        return _lists(out)
+
+
+def _lists(x):
+    if isinstance(x, dict):
+        return {k: _lists(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_lists(v) for v in x]
+    return x

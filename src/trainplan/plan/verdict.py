@@ -1,0 +1,141 @@
+"""Verdict and checklist for one platform, from what the planner computed.
+
+    RETIRED             catalog status is not current (planned for reference only)
+    WON'T FIT           the device memory does not hold the step even after the fix ladder; or
+                        the host RAM is too small; or a session is all overhead; or a run that
+                        needs several sessions cannot save one checkpoint (disk or file limit)
+    READY               fits with no change to the job
+    READY WITH CHANGES  fits after the changes listed (in the order to make them)
+
+The checklist says, item by item, what was checked and with which numbers (like the seeds'
+"Configuration Checklist"), so a user can see why, not only what. Numbers stay raw here except
+inside the sentences, which use units.py.
+"""
+from __future__ import annotations
+
+from ..units import fmt_bytes, fmt_seconds, fmt_usd
+from .result import READY, READY_WITH_CHANGES, RETIRED, WONT_FIT, CheckItem
+
+
+def batch_change(job, cfg, devices: int, target: int) -> str | None:
+    """The micro-batch change, if the platform's split differs from the job's."""
+    b, k = cfg.micro_batch, cfg.grad_accum
+    if (b, k) == (job.batch_size, job.grad_accum):
+        return None
+    glob = b * k * devices
+    exact = "" if glob == target else f", target {target}"
+    where = f"on each of {devices} devices" if devices > 1 else "on the device"
+    return (f"micro-batch {b} with {k} accumulation step{'s' if k > 1 else ''} {where} "
+            f"(global batch {glob}{exact}; "
+            f"job: micro-batch {job.batch_size} x {job.grad_accum})")
+
+
+def assess(platform, job, cfg, changes: list[str], sessions, storage, cost, steps: int,
+           deadline_s: float | None, budget_usd: float | None, target: int):
+    """(verdict, checklist, failure reason or '')."""
+    items: list[CheckItem] = []
+    fail: list[str] = []
+    p, m = platform, cfg.memory
+    if not p.is_current:
+        when = p.retired_on or p.status_as_of
+        items.append(CheckItem("fail", f"{p.name} is {p.status} (since {when}); shown for reference"))
+    used, cap = m.device_used_bytes, m.capacity_bytes
+    items.append(CheckItem("pass" if m.fits else "fail",
+                           f"memory per device: {fmt_bytes(used)} of {fmt_bytes(cap)} "
+                           f"({'headroom ' + fmt_bytes(cap - used) if m.fits else 'short by ' + fmt_bytes(used - cap)}"
+                           f", peak in {m.peak_phase})"))
+    if not m.fits:
+        fail.append(f"needs {fmt_bytes(used)} per device, has {fmt_bytes(cap)}")
+    for f in cfg.findings:
+        if f.severity == "error" and "GiB per device" not in f.message:
+            items.append(CheckItem("fail", f.message + (f" -> {f.fix}" if f.fix else "")))
+            fail.append(f.message)
+        elif f.severity == "warning":
+            items.append(CheckItem("warn", f.message + (f" -> {f.fix}" if f.fix else "")))
+    glob = cfg.micro_batch * cfg.grad_accum * p.devices
+    items.append(CheckItem("pass" if glob == target else "warn",
+                           f"batch: micro-batch {cfg.micro_batch} x {cfg.grad_accum} accumulation x "
+                           f"{p.devices} device(s) = {glob} per step (target {target})"))
+    items.append(CheckItem("info", f"precision {cfg.job.precision}, strategy {cfg.job.strategy}, "
+                                   f"{cfg.job.grad_checkpointing} activation checkpointing"))
+    if cfg.host_ok is None:
+        items.append(CheckItem("info", f"host RAM: needs {fmt_bytes(m.host_ram_bytes)}; the platform's "
+                                       "RAM is not in the catalog"))
+    else:
+        items.append(CheckItem("pass" if cfg.host_ok else "fail",
+                               f"host RAM: needs {fmt_bytes(m.host_ram_bytes)} of "
+                               f"{fmt_bytes(p.ram_bytes)} (model copies per process, offloaded state)"))
+        if not cfg.host_ok:
+            fail.append(f"host RAM {fmt_bytes(p.ram_bytes)} < {fmt_bytes(m.host_ram_bytes)}")
+    workers = cfg.job.num_workers
+    if workers and p.cpu_cores:
+        procs = 1 if cfg.job.strategy == "dp" else p.devices
+        ok = workers * procs + procs <= p.cpu_cores
+        items.append(CheckItem("pass" if ok else "warn",
+                               f"data loading: {workers} workers x {procs} process(es) + {procs} "
+                               f"training process(es) on {p.cpu_cores} CPU cores"
+                               + ("" if ok else f"; use num_workers {max(1, (p.cpu_cores - procs) // procs)}")))
+    if sessions is not None:
+        if sessions.sessions == 0:
+            items.append(CheckItem("fail", f"a {fmt_seconds(p.session_max_s)} session is used up by "
+                                           f"{fmt_seconds(sessions.overhead_s_per_session)} of overhead"))
+            fail.append("a session is all overhead")
+        elif p.session_max_s is None:
+            items.append(CheckItem("pass", f"one session of {fmt_seconds(sessions.accelerator_s)} "
+                                           "(no session limit)"))
+        else:
+            items.append(CheckItem("pass" if sessions.sessions == 1 else "info",
+                                   f"sessions: {sessions.sessions} of at most {fmt_seconds(p.session_max_s)}"
+                                   f" ({fmt_seconds(sessions.overhead_s_per_session)} start-up"
+                                   + (f" incl. {fmt_seconds(sessions.compile_s_per_session)} XLA compile"
+                                      if sessions.compile_s_per_session else "")
+                                   + " each); resume from the last checkpoint"))
+        items.append(CheckItem("info", f"checkpoint every {sessions.checkpoint_every_steps} steps "
+                                       f"(~{fmt_seconds(sessions.checkpoint_every_s)})"))
+        if not p.background_execution:
+            idle = f" (idle timeout {fmt_seconds(p.idle_timeout_s)})" if p.idle_timeout_s else ""
+            items.append(CheckItem("warn", f"no background execution: keep the browser tab open and "
+                                           f"active{idle}"))
+        if sessions.weekly_quota_s:
+            items.append(CheckItem("pass" if (sessions.quota_weeks or 0) <= 1 else "warn",
+                                   f"quota: {fmt_seconds(sessions.accelerator_s)} of "
+                                   f"{fmt_seconds(sessions.weekly_quota_s)} a week "
+                                   f"({sessions.quota_weeks:.2f} weeks of quota)"))
+    if storage is not None:
+        need_ckpt = sessions is not None and sessions.sessions > 1
+        what = "adapters + their optimizer state" if storage.adapter_only else "weights + optimizer state"
+        limits = []
+        ok = True
+        if storage.checkpoints_fit_disk is not None:
+            limits.append(f"{fmt_bytes(storage.disk_bytes)} of output disk holds "
+                          f"{storage.checkpoints_fit_disk}")
+            ok = ok and storage.checkpoints_fit_disk >= 1
+        if storage.checkpoints_fit_files is not None:
+            limits.append(f"the {storage.output_file_limit}-file limit holds {storage.checkpoints_fit_files}")
+            ok = ok and storage.checkpoints_fit_files >= 1
+        items.append(CheckItem("pass" if ok else ("fail" if need_ckpt else "warn"),
+                               f"checkpoint: {fmt_bytes(storage.checkpoint_bytes)} ({what}, "
+                               f"{storage.files_per_checkpoint} file(s))"
+                               + ("; " + ", ".join(limits) if limits else "; no disk limit stated")))
+        if not ok and need_ckpt:
+            fail.append("cannot store one checkpoint to resume from")
+    if cost is not None:
+        items.append(CheckItem("info", f"cost: {fmt_usd(cost.total_usd)}"
+                               + (f" ({cost.compute_units:.0f} compute units)" if cost.compute_units else "")))
+        if budget_usd is not None:
+            items.append(CheckItem("pass" if cost.total_usd <= budget_usd else "fail",
+                                   f"budget: {fmt_usd(cost.total_usd)} of {fmt_usd(budget_usd)}"))
+    if sessions is not None and deadline_s is not None:
+        items.append(CheckItem("pass" if sessions.finish_s <= deadline_s else "fail",
+                               f"deadline: finishes in {fmt_seconds(sessions.finish_s)} of "
+                               f"{fmt_seconds(deadline_s)}"))
+    if cfg.interpolated:
+        items.append(CheckItem("info", f"micro-batch {cfg.micro_batch} interpolated between two traced "
+                                       "micro-batches (exact for per-op counts; memory an upper bound)"))
+    if not p.is_current:
+        verdict = RETIRED
+    elif fail:
+        verdict = WONT_FIT
+    else:
+        verdict = READY if not changes else READY_WITH_CHANGES
+    return verdict, tuple(items), "; ".join(fail)

@@ -1,0 +1,146 @@
+"""`trainplan plan` on the command line: JSON contract, options, and bad input (exit 2)."""
+import json
+
+import pytest
+
+from trainplan.cli.main import main
+
+TINY = """\
+name: tiny
+model: {hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128, vocab_size: 256}
+training_data: {max_seq_len: 32, micro_batch_size: 4}
+run: {mixed_precision: fp16}
+steps: 100
+"""
+
+
+@pytest.fixture
+def job(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(TINY)
+    return str(path)
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_json_plan_has_the_contract_keys(capsys, job):
+    code, out, err = run(capsys, "plan", job, "--platforms", "kaggle-t4x2,local-rtx-3090",
+                         "--format", "json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["schema_version"] == "1.0" and d["steps"] == 100 and d["target_batch"] == 4
+    assert d["winner"] in ("kaggle-t4x2", "local-rtx-3090")
+    p = d["platforms"][0]
+    for key in ("platform_id", "verdict", "micro_batch_size", "grad_accum", "device_used_bytes",
+                "capacity_bytes", "step_time_s", "train_s", "sessions", "storage", "cost",
+                "changes", "fixes", "checklist", "rank", "reason"):
+        assert key in p, key
+    assert {"sessions", "finish_s", "accelerator_s", "quota_weeks"} <= set(p["sessions"])
+    assert {"checkpoint_bytes", "checkpoints_fit_disk"} <= set(p["storage"])
+    assert {"total_usd", "usd_per_hour"} <= set(p["cost"])
+    assert [x["rank"] for x in d["platforms"]] == [1, 2]
+    kaggle = next(x for x in d["platforms"] if x["platform_id"] == "kaggle-t4x2")
+    assert kaggle["devices"] == 2 and kaggle["strategy"] == "ddp"        # single job -> DDP on 2 GPUs
+    assert any("DDP" in c for c in kaggle["changes"])
+
+
+def test_text_plan_leads_with_the_recommendation(capsys, job):
+    code, out, _ = run(capsys, "plan", job, "--platforms", "local-rtx-3090", "--optimize", "cost")
+    assert code == 0
+    head = "\n".join(out.splitlines()[:4])
+    assert "local-rtx-3090" in head and "READY" in head
+
+
+def test_steps_flags_override_the_job(capsys, job):
+    code, out, _ = run(capsys, "plan", job, "--platforms", "local-rtx-3090", "--epochs", "2",
+                       "--dataset-size", "1000", "--target-batch", "8", "--format", "json")
+    d = json.loads(out)
+    assert code == 0 and d["steps"] == 250 and d["target_batch"] == 8   # 2 x 1000 / 8
+    assert d["steps_source"].startswith("epochs")
+
+
+def test_budget_and_deadline_exclude_and_say_why(capsys, job):
+    code, out, _ = run(capsys, "plan", job, "--platforms", "aws-p5.48xlarge,local-rtx-3090",
+                       "--optimize", "time", "--budget", "0.01", "--format", "json")
+    d = json.loads(out)
+    p5 = next(x for x in d["platforms"] if x["platform_id"] == "aws-p5.48xlarge")
+    assert d["winner"] == "local-rtx-3090" and p5["within_budget"] is False
+    assert "over budget" in p5["reason"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--platforms", "kaggle-t4"], ["Unknown platform", "kaggle-t4x2"]),
+    (["--platforms", "local-rtx-3090", "--epochs", "2"], ["--dataset-size"]),
+    (["--platforms", "local-rtx-3090", "--budget", "-1"], ["--budget"]),
+    (["--platforms", "local-rtx-3090", "--steps", "0"], ["--steps"]),
+])
+def test_bad_options_exit_2(capsys, job, argv, words):
+    code, _out, err = run(capsys, "plan", job, *argv)
+    assert code == 2 and "Traceback" not in err
+    for w in words:
+        assert w in err, err
+
+
+def test_a_job_without_length_says_how_to_give_one(capsys, tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(TINY.replace("steps: 100\n", ""))
+    code, _out, err = run(capsys, "plan", str(path), "--platforms", "local-rtx-3090")
+    assert code == 2 and "--steps" in err and "--epochs" in err
+
+
+PLATFORMS = """\
+- id: lab-a6000x2
+  name: Lab workstation
+  accelerator_id: rtx-a6000
+  accelerator_count: 2
+  usd_per_hour: 0
+"""
+
+
+@pytest.mark.parametrize("text, line, words", [
+    (PLATFORMS.replace("rtx-a6000", "rtx-a600"), 3, ["Unknown accelerator", "rtx-a6000"]),
+    (PLATFORMS.replace("usd_per_hour: 0", "usd_per_hour: -2"), 5, [">= 0"]),
+    (PLATFORMS.replace("  accelerator_count: 2\n", ""), 1, ["missing required field", "accelerator_count"]),
+])
+def test_bad_platforms_file_names_file_and_line_exit_2(capsys, job, tmp_path, text, line, words):
+    pf = tmp_path / "mine.yaml"
+    pf.write_text(text)
+    code, _out, err = run(capsys, "plan", job, "--platforms-file", str(pf), "--platforms", "lab-a6000x2")
+    assert code == 2 and "Traceback" not in err
+    assert f"{pf}:{line}:" in err, err
+    for w in words:
+        assert w in err, err
+
+
+def test_user_platform_is_planned(capsys, job, tmp_path):
+    pf = tmp_path / "mine.yaml"
+    pf.write_text(PLATFORMS)
+    code, out, err = run(capsys, "plan", job, "--platforms-file", str(pf), "--platforms",
+                         "lab-a6000x2", "--format", "json")
+    assert code == 0, err
+    p = json.loads(out)["platforms"][0]
+    assert p["platform_id"] == "lab-a6000x2" and p["devices"] == 2 and p["cost"]["total_usd"] == 0
+
+
+def test_catalog_lists_platforms_with_retired_dates(capsys):
+    code, out, _ = run(capsys, "catalog", "platforms", "--format", "json")
+    rows = {r["id"]: r for r in json.loads(out)}
+    assert code == 0 and rows["kaggle-p100"]["status"] == "retired"
+    assert rows["kaggle-p100"]["retired_on"] == "2026-09-15"
+
+
+def test_plain_text_renderer_leads_with_the_recommendation(capsys, job):
+    from trainplan.plan import make_plan, select_platforms
+    from trainplan.report.plan_text import plan_text
+    from trainplan.spec import load_job, validate
+    plan = make_plan(validate(load_job(job)), select_platforms(["local-rtx-3090", "kaggle-p100"]))
+    capsys.readouterr()
+    plan_text(plan)
+    out = capsys.readouterr().out
+    assert out.startswith("tiny:")
+    assert out.index("Recommendation: local-rtx-3090") < out.index("checklist")
+    assert "checklist" in out and "RETIRED" in out and "[x]" in out

@@ -1,0 +1,75 @@
+"""The fix ladder (plan/fixes.py): cheapest rung first, effects re-planned, and never a rung the
+platform cannot do."""
+import pytest
+
+from conftest import tiny_job
+from trainplan.accelerators import get_accelerator
+from trainplan.plan import make_plan, select_platforms
+from trainplan.plan import fixes
+from trainplan.plan.fixes import Skip, Step
+from trainplan.spec import Lora
+
+T4, A100, V5E = (get_accelerator(a) for a in ("t4", "a100-sxm4-40gb", "tpu-v5e-8"))
+
+
+def test_mixed_precision_rung_picks_what_the_device_supports():
+    job = tiny_job(precision="fp32")
+    assert fixes.precision(job, T4, 1).job.precision == "fp16-amp"       # no bf16 on sm75
+    assert fixes.precision(job, A100, 1).job.precision == "bf16-amp"
+    assert fixes.precision(job, V5E, 8).job.precision == "bf16-amp"
+    assert fixes.precision(tiny_job(precision="fp16-amp"), T4, 1) is None  # already 16-bit
+
+
+def test_bf16_job_on_a_t4_becomes_fp16_before_anything_else():
+    job, changes = fixes.compatibility(tiny_job(precision="bf16-amp"), T4)
+    assert job.precision == "fp16-amp" and "no bf16" in changes[0]
+    job, changes = fixes.compatibility(tiny_job(precision="bf16-amp"), A100)
+    assert job.precision == "bf16-amp" and changes == []
+
+
+def test_cuda_only_rungs_are_skipped_on_a_tpu_with_the_reason():
+    job = tiny_job(model="hf:openai-community/gpt2", transformer=None, lora=Lora(rank=4))
+    for rung in (fixes.optimizer_8bit, fixes.qlora, fixes._offload("optimizer")):
+        r = rung(job, V5E, 8)
+        assert isinstance(r, Skip) and ("CUDA" in r.reason or "DeepSpeed" in r.reason), r
+    assert isinstance(fixes._sharding("zero3")(job, A100, 1), Skip)      # one device: nothing to shard
+    assert isinstance(fixes._sharding("zero3")(job, A100, 2), Step)
+
+
+def test_lora_only_for_pretrained_models():
+    r = fixes.lora(tiny_job(), A100, 1)
+    assert isinstance(r, Skip) and "from scratch" in r.reason
+    r = fixes.lora(tiny_job(model="hf:openai-community/gpt2", transformer=None), A100, 1)
+    assert isinstance(r, Step) and r.changes_training and r.job.lora is not None
+
+
+def test_eager_attention_that_does_not_fit_is_fixed_by_the_first_rung():
+    # 8192 tokens of eager fp32 attention: the 8192^2 score matrices alone exceed a 4 GB laptop
+    # GPU at micro-batch 1; SDPA (flash on sm86) does not materialise them.
+    job = tiny_job(seq_len=8192, batch_size=1, attention="eager", steps=10)
+    plan = make_plan(job, select_platforms(["local-rtx-3050-laptop-4gb"]))
+    p = plan.platforms[0]
+    assert p.verdict == "READY WITH CHANGES" and p.fits
+    assert p.fixes[0].rung == "attention" and p.fixes[0].fits
+    assert p.fixes[0].device_used_bytes_after < p.fixes[0].device_used_bytes_before
+    assert p.fixes[0].device_used_bytes_before > p.capacity_bytes
+    assert any("memory-efficient attention" in c for c in p.changes)
+    assert len(p.fixes) == 1                                             # stops once it fits
+    assert any(s.startswith("lora:") for s in p.skipped_fixes) is False  # never reached
+
+
+def test_a_missed_deadline_tries_the_speed_rungs_and_says_so():
+    # fp32 matmuls on an RTX 3090 run at 35.6 TFLOP/s, bf16 at 71: mixed precision is faster.
+    # A 1-second deadline cannot be met; the plan keeps the rung that helps and ranks it below.
+    from trainplan.models.reference import TransformerDims
+    job = tiny_job(precision="fp32", steps=1000, batch_size=8, seq_len=512,
+                   transformer=TransformerDims(hidden_size=1024, num_layers=2, num_heads=8,
+                                               intermediate_size=4096, vocab_size=256))
+    plan = make_plan(job, select_platforms(["local-rtx-3090"]), deadline_s=1.0)
+    p = plan.platforms[0]
+    assert p.meets_deadline is False and "misses the deadline" in p.reason
+    assert plan.winner is None and "none within the limits" in plan.recommendation
+    speed = [f for f in p.fixes if f.rung == "precision"]
+    assert speed and speed[0].setting == {"precision": "bf16-amp"}
+    assert speed[0].step_time_s_after < speed[0].step_time_s_before
+    assert p.precision == "bf16-amp" and any("mixed precision" in c for c in p.changes)

@@ -1,0 +1,75 @@
+"""A trace interpolated between two micro-batches equals the traced one (plan/interpolate.py)."""
+import pytest
+import torch
+
+from conftest import tiny_job, trace
+from trainplan.accelerators import get_accelerator
+from trainplan.memory import estimate_memory
+from trainplan.plan.interpolate import same_shape_family, trace_between
+from trainplan.plan.traces import Traces
+from trainplan.timing import estimate_step_time
+
+
+@pytest.fixture(scope="module")
+def three():
+    job = tiny_job(precision="fp16-amp", grad_accum=2)
+    return job, {b: trace(job, "efficient", autocast=torch.float16, batch=b) for b in (2, 3, 4, 6, 8)}
+
+
+def test_same_ops_at_every_batch(three):
+    _job, t = three
+    assert same_shape_family(t[2], t[8]) and same_shape_family(t[4], t[6])
+
+
+def test_interpolated_trace_matches_the_traced_one(three):
+    # from batch 4 up, every phase peak of this model is at the same op: all sizes are affine
+    job, t = three
+    mid = trace_between(t[4], t[8], 6)
+    real = t[6]
+    assert mid.batch_size == 6
+    for a, b in zip(mid.ops, real.ops):
+        assert a.flops == pytest.approx(b.flops, rel=1e-9, abs=1)
+        assert a.bytes == pytest.approx(b.bytes, rel=1e-3, abs=1024)     # 512-byte rounding
+    for ph in real.phase_peaks:
+        assert mid.phase_peaks[ph][0] == pytest.approx(real.phase_peaks[ph][0], rel=1e-3)
+    assert mid.flops_per_step == pytest.approx(real.flops_per_step, rel=1e-9)
+    for acc in ("t4", "a100-sxm4-80gb"):
+        a = get_accelerator(acc)
+        j = job.with_(batch_size=6)
+        assert estimate_memory(mid, a, j).device_used_bytes == pytest.approx(
+            estimate_memory(real, a, j).device_used_bytes, rel=5e-3)
+        assert estimate_step_time(mid, a, j).step_time_s == pytest.approx(
+            estimate_step_time(real, a, j).step_time_s, rel=1e-3)
+
+
+def test_where_the_peak_moves_interpolation_over_states_memory(three):
+    # at batch 2-3 the backward peak of this tiny model sits elsewhere (output temporaries):
+    # the peak is a maximum of affine functions, so the chord from 2 to 8 lies above it
+    _job, t = three
+    mid = trace_between(t[2], t[8], 3)
+    for ph, (peak, _cats) in t[3].phase_peaks.items():
+        assert mid.phase_peaks[ph][0] >= peak
+    assert mid.phase_peaks["backward"][0] > t[3].phase_peaks["backward"][0]
+
+
+def test_only_strictly_between(three):
+    _job, t = three
+    with pytest.raises(ValueError):
+        trace_between(t[2], t[8], 8)
+
+
+def test_trace_cache_interpolates_between_traced_batches_only():
+    job = tiny_job(precision="fp16-amp")
+    from trainplan.trace.semantics import KernelSemantics
+    sem = KernelSemantics(attention="efficient")
+    traces = Traces()
+    traces.exact(job, sem, 2)
+    t3, interp = traces.at(job, sem, 3)
+    assert not interp and t3.batch_size == 3                 # nothing above 3 yet: traced
+    traces.exact(job, sem, 6)
+    t4, interp = traces.at(job, sem, 4)
+    assert interp and t4.batch_size == 4
+    assert traces.traced == 3
+    # a variant that differs only in untraced fields (devices, strategy) shares the traces
+    again, interp = traces.at(job.with_(gpus=4, strategy="ddp", gpu="t4"), sem, 3)
+    assert again is t3 and traces.traced == 3
