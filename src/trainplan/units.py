@@ -61,3 +61,72 @@ def fmt_usd(x: float | None) -> str:
     if x is None:
         return "-"
     return f"${x:,.2f}"
+
+
+# --- additions for the plan reports (tables and chart axes) ------------------------------------
+
+def fmt_int(n: float | None) -> str:
+    """An exact count with thousands separators: 10000 -> '10,000'."""
+    if n is None:
+        return "-"
+    return f"{int(round(n)):,}"
+
+
+def fmt_rate(x: float | None) -> str:
+    """A throughput (samples/s, tokens/s): one decimal below 1,000, whole numbers above."""
+    if x is None:
+        return "-"
+    return f"{x:,.1f}" if abs(x) < 1000 else f"{x:,.0f}"
+
+
+def fmt_percent(x: float | None) -> str:
+    """A fraction as a percentage with one decimal: 0.1887 -> '18.9%'."""
+    if x is None:
+        return "-"
+    return f"{x * 100:.1f}%"
+
+
+def fmt_ratio(x: float | None) -> str:
+    """A plain ratio with two decimals (weeks of quota): 0.0215 -> '0.02'."""
+    if x is None:
+        return "-"
+    return f"{x:,.2f}"
+
+
+def fmt_bool(x: bool | None) -> str:
+    if x is None:
+        return "-"
+    return "yes" if x else "no"
+
+
+def time_unit(max_s: float) -> tuple[str, float]:
+    """(label, seconds per unit) for an axis whose largest value is `max_s` seconds, with the
+    same thresholds as `fmt_seconds`: s below 2 min, min below 2 h, h below 3 days, else days."""
+    if max_s < 120:
+        return "s", 1.0
+    if max_s < 7200:
+        return "min", 60.0
+    if max_s < 3 * 86400:
+        return "h", 3600.0
+    return "days", 86400.0
+
+
+def nice_ticks(lo: float, hi: float, target: int = 5) -> list[float]:
+    """Round axis ticks covering [lo, hi]: steps of 1, 2 or 5 x 10^k (Heckbert, "Nice numbers
+    for graph labels", Graphics Gems, 1990), about `target` of them, first <= lo, last >= hi."""
+    import math
+    if hi <= lo:
+        hi = lo + 1.0
+    raw = (hi - lo) / max(1, target)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    first = math.floor(lo / step) * step
+    n = int(math.ceil((hi - first) / step - 1e-9))
+    return [round(first + i * step, 12) for i in range(n + 1)]
+
+
+def fmt_tick(x: float) -> str:
+    """An axis tick label: no trailing zeros, thousands separators ('0', '2.5', '1,000')."""
+    if abs(x - round(x)) < 1e-9:
+        return f"{int(round(x)):,}"
+    return f"{x:,.6f}".rstrip("0").rstrip(".")

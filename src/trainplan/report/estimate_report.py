@@ -31,6 +31,9 @@ def estimate_text(est) -> None:
                 f"{t.samples_per_s:.1f} samples/s"
                 + (f", {t.tokens_per_s:,.0f} tokens/s" if t.tokens_per_s else "")
                 + (f", MFU {t.mfu:.0%}" if t.mfu is not None else ""))
+        if getattr(t, "calibration", None):
+            from .measure_report import calibration_line
+            c.print(calibration_line(t.calibration))
     for f in est.findings:
         colour = {"error": "red", "warning": "yellow"}.get(f.severity, "cyan")
         c.print(f"[{colour}]{f.severity}[/{colour}]: {f.message}" + (f"  -> {f.fix}" if f.fix else ""))

@@ -1,0 +1,71 @@
+"""Where a plan goes: the terminal (rich), stdout in another format, and/or a report file.
+
+    --format text|md|json|html     what is printed on stdout (text: the rich terminal report)
+    --report FILE                  also write FILE; its format from the extension (.md, .html, .json)
+
+Markdown, HTML and JSON render one document (`plan_document.document`): the plan's JSON plus
+the memory-against-micro-batch curves and the catalog rows. The curves cost a trace or two per
+kernel semantics, so they are computed only when one of those formats is asked for.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..errors import TrainplanError
+from .plan_document import ReportExtras, document, report_extras
+
+FORMATS = ("text", "md", "json", "html")
+EXTENSIONS = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".json": "json"}
+
+
+def report_format(path: str | None) -> str | None:
+    """The format of a --report file, from its extension; None when there is no file."""
+    if path is None:
+        return None
+    ext = Path(path).suffix.lower()
+    if ext not in EXTENSIONS:
+        raise TrainplanError(f"--report {path}: cannot tell the format from {ext or 'no extension'!r}.",
+                             allowed=", ".join(EXTENSIONS),
+                             fix="name the file plan.md, plan.html or plan.json")
+    return EXTENSIONS[ext]
+
+
+def needs_curves(fmt: str, report: str | None) -> bool:
+    return fmt in ("md", "json", "html") or report_format(report) is not None
+
+
+def extras_for(plan, platforms, planner, fmt: str, report: str | None) -> ReportExtras:
+    return report_extras(plan, platforms, planner if needs_curves(fmt, report) else None)
+
+
+def render(plan, extras: ReportExtras, fmt: str) -> str:
+    """The plan as md, json or html text."""
+    doc = document(plan, extras)
+    if fmt == "json":
+        return json.dumps(doc, indent=2) + "\n"
+    if fmt == "md":
+        from .plan_markdown import plan_markdown
+        return plan_markdown(plan, doc=doc)
+    if fmt == "html":
+        from .plan_html import plan_html
+        return plan_html(plan, doc=doc)
+    raise TrainplanError(f"--format {fmt!r} is not a choice.", allowed=", ".join(FORMATS))
+
+
+def emit_plan(plan, extras: ReportExtras, fmt: str = "text", report: str | None = None) -> None:
+    """Print the plan in `fmt` and write the --report file, if any."""
+    rfmt = report_format(report)
+    if fmt == "text":
+        from .plan_rich import plan_rich
+        plan_rich(plan, extras)
+    else:
+        sys.stdout.write(render(plan, extras, fmt))
+    if rfmt is not None:
+        try:
+            Path(report).write_text(render(plan, extras, rfmt), encoding="utf-8")
+        except OSError as e:
+            raise TrainplanError(f"cannot write --report {report}: {e.strerror}.",
+                                 fix="give a path in a directory you can write to") from e
+        print(f"trainplan: wrote {report} ({rfmt})", file=sys.stderr)

@@ -1,0 +1,28 @@
+"""The bundled example jobs planned once per test session, exactly as
+`trainplan plan examples/NAME.yaml --format json` prints them (shared by the golden, report and
+browser tests, so each example is planned once however many of those run)."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+from pathlib import Path
+
+from trainplan.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ("graphmer-se", "glf-cr-2xt4", "chart-rvr-grpo")
+
+
+@functools.cache
+def example_json(name: str) -> str:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["plan", str(ROOT / "examples" / f"{name}.yaml"), "--format", "json"])
+    assert code == 0, err.getvalue()
+    return out.getvalue()
+
+
+def example_doc(name: str) -> dict:
+    return json.loads(example_json(name))
