@@ -118,8 +118,18 @@ class Analyzer:
             self._traces[key] = trace_step(self.job, sem, batch)
         return self._traces[key]
 
+    def needs_trace(self, sem: KernelSemantics, batch: int) -> bool:
+        return (sem.key(), batch) not in self._traces
+
+    def store(self, sem: KernelSemantics, batch: int, trace: Trace) -> None:
+        """Keep a trace made elsewhere (trace/parallel.py) for this job at (sem, batch)."""
+        self._traces[(sem.key(), batch)] = trace
+
     def estimate(self, accel: Accelerator, with_max_batch: bool = True,
-                 calibration=None) -> Estimate:
+                 calibration=None, measured_calibration: bool = True) -> Estimate:
+        """`calibration`: efficiency parameters for timing.py (default: data/efficiency.json).
+        `measured_calibration`: apply the user's correction for this accelerator from
+        `trainplan calibrate` (measure/calibrate.py), unless explicit parameters are given."""
         findings = check_compatible(self.job, accel)
         sem = semantics_for(self.job, accel)
         tr = self.trace(sem, self.job.batch_size)
@@ -129,6 +139,9 @@ class Analyzer:
                                                "more than the others (gathered outputs).",
                                     "use --strategy ddp"))
         time = _step_time(tr, accel, self.job, calibration)
+        if measured_calibration and calibration is None and time is not None:
+            from .measure.calibrate import apply_calibration
+            time = apply_calibration(time, accel.id)
         mb = self.max_batch(accel, sem) if with_max_batch else None
         if not mem.fits:
             findings.append(Finding(

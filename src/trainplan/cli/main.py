@@ -9,9 +9,12 @@ import argparse
 import sys
 
 from ..errors import TrainplanError
+from .calibrate_cmd import calibrate_command_parser
 from .catalog_cmd import catalog_command_parser
 from .estimate_cmd import estimate_command_parser
 from .inspect_cmd import inspect_command_parser
+from .probe_cmd import probe_command_parser
+from .measure_cmd import measure_command_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_command_parser(sub)
     estimate_command_parser(sub)
     catalog_command_parser(sub)
+    probe_command_parser(sub)
+    measure_command_parser(sub)
+    calibrate_command_parser(sub)
     try:
         from .plan_cmd import plan_command_parser
         plan_command_parser(sub)
@@ -31,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]   # recorded by `measure`
     try:
         return args.func(args) or 0
     except TrainplanError as e:

@@ -1,0 +1,219 @@
+"""Run `trainplan measure` over a matrix of jobs on this machine's GPU, then summarise.
+
+Matrix (5 models x 2 micro-batches x 2 precisions x 2 checkpointing = 40 runs):
+
+    bert-large           hf:google-bert/bert-large-uncased (masked LM), seq 512     b 8, 16
+    gpt2                 hf:openai-community/gpt2 (causal LM), seq 1024              b 8, 16
+    llama-3.2-1b-lora    hf:meta-llama/Llama-3.2-1B, LoRA r16 all-linear, seq 1024  b 4, 8
+    resnet50             torchvision:resnet50, 224 px                                b 64, 128
+    vit-b16              timm:vit_base_patch16_224, 224 px                           b 64, 128
+
+    precision: full (tf32 on sm80+, where PyTorch users turn it on; fp32 below) and bf16-amp
+               (fp16-amp on GPUs without bf16)
+    checkpointing: none, full
+
+Every run is its own process (`python -m trainplan.cli.main measure ...`), so one run's cached
+memory and allocator state cannot leak into the next run's peaks. Records go to --out (JSON lines,
+the `trainplan measure` schema); runs that fail (out of memory, or anything else) go to
+<out>.failures.jsonl with the command, the error and trainplan's predicted fit for the job.
+`--summary` writes a Markdown table of predicted against measured from the records, and nothing
+else: this script never makes up a number.
+
+    python scripts/measure_matrix.py --dry-run                 # list the 40 commands
+    python scripts/measure_matrix.py                           # run them (about 10-20 min on an H100)
+    python scripts/measure_matrix.py --only gpt2 --steps 20
+    python scripts/measure_matrix.py --summary                 # table from the records
+    trainplan calibrate --records validation/measured/<accelerator>/records.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+MODELS = {
+    "bert-large": (["--model", "hf:google-bert/bert-large-uncased", "--seq-len", "512"], (8, 16)),
+    "gpt2": (["--model", "hf:openai-community/gpt2", "--seq-len", "1024"], (8, 16)),
+    "llama-3.2-1b-lora": (["--model", "hf:meta-llama/Llama-3.2-1B", "--seq-len", "1024",
+                           "--lora-rank", "16", "--lora-alpha", "32",
+                           "--lora-targets", "all-linear"], (4, 8)),
+    "resnet50": (["--model", "torchvision:resnet50", "--image-size", "224"], (64, 128)),
+    "vit-b16": (["--model", "timm:vit_base_patch16_224", "--image-size", "224"], (64, 128)),
+}
+CHECKPOINTING = ("none", "full")
+
+
+def precisions(full: str) -> tuple[str, str]:
+    """(full precision, half precision AMP) for this machine's GPU."""
+    import torch
+    cc = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
+    if full == "auto":
+        full = "tf32" if cc >= (8, 0) else "fp32"
+    half = "bf16-amp" if cc >= (8, 0) else "fp16-amp"
+    return full, half
+
+
+def matrix(full: str, only: list[str]) -> list[tuple[str, list[str]]]:
+    runs = []
+    for (name, (flags, batches)), prec, ckpt in itertools.product(
+            MODELS.items(), precisions(full), CHECKPOINTING):
+        for b in batches:
+            label = f"{name} b{b} {prec} ckpt={ckpt}"
+            if only and not any(o in label for o in only):
+                continue
+            runs.append((label, [*flags, "--batch-size", str(b), "--precision", prec,
+                                 "--grad-checkpointing", ckpt, "--optimizer", "adamw"]))
+    return runs
+
+
+def default_out() -> Path:
+    from trainplan.measure.device import describe_device, resolve_accelerator, resolve_device
+    info = describe_device(resolve_device())
+    acc, _ = resolve_accelerator(info, None)
+    tag = acc or ("cpu" if info.type == "cpu" else re.sub(r"[^a-z0-9]+", "-", info.name.lower()))
+    return ROOT / "validation" / "measured" / tag / "records.jsonl"
+
+
+def predicted_fit(flags: list[str], accelerator: str | None) -> dict | None:
+    """trainplan's own verdict for a failed run (did it predict the OOM?)."""
+    if not accelerator:
+        return None
+    cmd = [sys.executable, "-m", "trainplan.cli.main", "estimate", *flags, "--gpu", accelerator,
+           "--format", "json"]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if p.returncode:
+        return {"error": p.stderr.strip()[-500:]}
+    d = json.loads(p.stdout)
+    return {"fits": d["fits"], "device_used_bytes": d["per_device"]["device_used_bytes"],
+            "max_batch_size": d["max_batch_size"]}
+
+
+def run(args) -> int:
+    runs = matrix(args.full_precision, args.only)
+    out = Path(args.out) if args.out else default_out()
+    failures = out.with_suffix(".failures.jsonl")
+    common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--out", str(out),
+              "--format", "json"]
+    if args.accelerator:
+        common += ["--accelerator", args.accelerator]
+    if args.dry_run:
+        for label, flags in runs:
+            print(f"# {label}\ntrainplan measure {shlex.join(flags + common)}")
+        return 0
+    import torch
+    if not torch.cuda.is_available():
+        print("no CUDA device here: this matrix is meant for a GPU machine (--dry-run lists it)",
+              file=sys.stderr)
+        return 2
+    out.parent.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for i, (label, flags) in enumerate(runs, 1):
+        cmd = [sys.executable, "-m", "trainplan.cli.main", "measure", *flags, *common]
+        t0 = time.time()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                               timeout=args.timeout)
+            rc, err = p.returncode, p.stderr
+        except subprocess.TimeoutExpired:
+            rc, err = -1, f"timed out after {args.timeout} s"
+        dt = time.time() - t0
+        if rc == 0:
+            rec = json.loads(p.stdout)
+            m, pr = rec["measured"], rec.get("predicted") or {}
+            err_t = (pr["device_step_time_s"] / m["step_time_s"] - 1
+                     if pr.get("device_step_time_s") else None)
+            print(f"[{i}/{len(runs)}] {label}: {m['step_time_s'] * 1e3:.1f} ms/step"
+                  + (f", predicted {err_t:+.1%}" if err_t is not None else "") + f" ({dt:.0f} s)")
+        else:
+            failed += 1
+            msg = err.strip().splitlines()[-12:]
+            fail = {"label": label, "command": shlex.join(["trainplan", *cmd[3:]]), "rc": rc,
+                    "error": "\n".join(msg), "oom": "out of device memory" in err
+                    or "OutOfMemoryError" in err,
+                    "predicted": predicted_fit(flags, args.accelerator or
+                                               _accelerator_of(out))}
+            with failures.open("a") as f:
+                f.write(json.dumps(fail) + "\n")
+            print(f"[{i}/{len(runs)}] {label}: FAILED ({'out of memory' if fail['oom'] else rc})")
+    print(f"records: {out}" + (f"; {failed} failure(s): {failures}" if failed else ""))
+    return 0
+
+
+def _accelerator_of(out: Path) -> str | None:
+    from trainplan.accelerators import load_accelerators
+    return out.parent.name if out.parent.name in load_accelerators() else None
+
+
+def summary(args) -> int:
+    """Markdown table of predicted against measured, from the records only."""
+    from trainplan.measure.records import read_records
+    from trainplan.units import fmt_bytes
+    out = Path(args.out) if args.out else default_out()
+    recs = read_records(out)
+    lines = [f"# Predicted against measured: {out.parent.name}", "",
+             f"Produced by `python scripts/measure_matrix.py --summary --out {out}` from "
+             f"{len(recs)} records (`trainplan measure`, {recs[0]['device']['name']}, torch "
+             f"{recs[0]['versions']['torch']}). Error = predicted / measured - 1.", "",
+             "| job | measured step | predicted step | error | measured peak alloc | "
+             "predicted peak alloc | error | measured device used | predicted device used |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    t_err, m_err = [], []
+    for r in recs:
+        j, m, p = r["job"], r["measured"], r.get("predicted") or {}
+        label = (f"{j['model']} b{j['batch_size']} {j['precision']} "
+                 f"ckpt={j.get('grad_checkpointing', 'none')}"
+                 + (f" lora r{j['lora']['rank']}" if j.get("lora") else ""))
+        et = p["device_step_time_s"] / m["step_time_s"] - 1 if p.get("device_step_time_s") else None
+        em = (p["peak_allocated_bytes"] / m["peak_allocated_bytes"] - 1
+              if p.get("peak_allocated_bytes") and m.get("peak_allocated_bytes") else None)
+        if et is not None:
+            t_err.append(abs(et))
+        if em is not None:
+            m_err.append(abs(em))
+        lines.append(f"| {label} | {m['step_time_s'] * 1e3:.1f} ms | "
+                     + (f"{p['device_step_time_s'] * 1e3:.1f} ms" if et is not None else "-")
+                     + f" | {f'{et:+.1%}' if et is not None else '-'} | "
+                     f"{fmt_bytes(m.get('peak_allocated_bytes'))} | "
+                     f"{fmt_bytes(p.get('peak_allocated_bytes'))} | "
+                     f"{f'{em:+.1%}' if em is not None else '-'} | "
+                     f"{fmt_bytes(m.get('device_used_bytes'))} | "
+                     f"{fmt_bytes(p.get('device_used_bytes'))} |")
+    lines += ["", f"Median absolute error: step time "
+              f"{statistics.median(t_err):.1%} ({len(t_err)} runs)" if t_err else "",
+              f"peak allocated {statistics.median(m_err):.1%} ({len(m_err)} runs)"
+              if m_err else ""]
+    md = out.with_name("summary.md")
+    md.write_text("\n".join(lines).rstrip() + "\n")
+    print(md.read_text())
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="records file (default validation/measured/<accelerator>/"
+                                  "records.jsonl)")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--accelerator", help="catalog id (default: detected)")
+    ap.add_argument("--full-precision", choices=("auto", "fp32", "tf32"), default="auto")
+    ap.add_argument("--only", action="append", default=[],
+                    help="run only labels containing this text (repeatable)")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per run")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    ap.add_argument("--summary", action="store_true", help="write summary.md from the records")
+    args = ap.parse_args()
+    return summary(args) if args.summary else run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

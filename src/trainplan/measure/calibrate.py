@@ -1,0 +1,165 @@
+"""Per-accelerator step-time correction from measured runs, and applying it to predictions.
+
+The step-time model (timing.py) has one set of fitted efficiencies for every accelerator. A
+machine the user measured can do better: for each accelerator with records,
+
+    factor = median over records of  measured step_time_s / predicted device_step_time_s
+
+(the median of ratios is robust to one odd run: a cold cache, another process on the GPU).
+`device_step_time_s` is the prediction without communication and data wait, which a one-device
+run on synthetic inputs does not have. The factor then scales the device-side terms of every
+prediction for that accelerator only:
+
+    step' = step + (factor - 1) x (step - communication - data_wait)
+
+throughput scales by step / step' and MFU with it. Communication and data wait are not measured
+and stay as predicted (a data wait that overlaps compute is not re-derived). The calibrated
+StepTime carries `calibration` = {step_time_factor, measurements, first, last, ...}, which
+`to_json` emits and the text report states ("calibrated on N measurements from DATE").
+
+The calibration file is `$TRAINPLAN_HOME/calibration.json`, schema "trainplan.calibration/1":
+{"schema", "updated", "accelerators": {id: {step_time_factor, measurements, first, last,
+ratio_min, ratio_max, ratios, records}}}.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import TrainplanError
+from .records import now_iso, trainplan_home
+
+SCHEMA = "trainplan.calibration/1"
+UNMEASURED_TERMS = ("communication", "data_wait")   # a one-device synthetic run has neither
+
+
+@dataclass(frozen=True)
+class Calibration:
+    accelerator: str
+    step_time_factor: float        # median measured / predicted device step time
+    measurements: int
+    first: str                     # date of the oldest record used (YYYY-MM-DD)
+    last: str                      # date of the newest
+    ratio_min: float
+    ratio_max: float
+    ratios: tuple[float, ...] = field(default=())
+    records: tuple[str, ...] = field(default=())   # the files the records came from
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ratios"], d["records"] = list(self.ratios), list(self.records)
+        return d
+
+
+def calibration_path() -> Path:
+    return trainplan_home() / "calibration.json"
+
+
+def usable(rec: dict) -> tuple[bool, str]:
+    """Can this record calibrate? (yes/no, why not)."""
+    pred, meas = rec.get("predicted"), rec.get("measured") or {}
+    if not rec.get("accelerator"):
+        return False, "no catalog accelerator (re-run with --accelerator ID)"
+    if not pred or not pred.get("device_step_time_s"):
+        return False, "no prediction (the job could not be traced)"
+    if not meas.get("step_time_s"):
+        return False, "no measured step time"
+    return True, ""
+
+
+def fit(records: list[dict], sources: tuple[str, ...] = ()) -> dict[str, Calibration]:
+    """One Calibration per accelerator found in `records` (those without a prediction skipped)."""
+    groups: dict[str, list[dict]] = {}
+    for rec in records:
+        if usable(rec)[0]:
+            groups.setdefault(rec["accelerator"], []).append(rec)
+    out = {}
+    for acc, recs in sorted(groups.items()):
+        ratios = [r["measured"]["step_time_s"] / r["predicted"]["device_step_time_s"]
+                  for r in recs]
+        dates = sorted(r["timestamp"][:10] for r in recs)
+        out[acc] = Calibration(acc, float(statistics.median(ratios)), len(recs), dates[0],
+                               dates[-1], min(ratios), max(ratios),
+                               tuple(round(x, 6) for x in ratios), tuple(sources))
+    return out
+
+
+def save(cals: dict[str, Calibration], path: str | Path | None = None,
+         merge: bool = True) -> tuple[Path, list[str]]:
+    """Write `cals`; with `merge`, accelerators not in `cals` keep their earlier calibration.
+    Returns (path, ids kept from before)."""
+    path = Path(path) if path else calibration_path()
+    old = load(path) if merge and path.exists() else {}
+    kept = sorted(set(old) - set(cals))
+    merged = {**{k: old[k] for k in kept}, **cals}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"schema": SCHEMA, "updated": now_iso(),
+           "accelerators": {k: v.to_dict() for k, v in sorted(merged.items())}}
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return path, kept
+
+
+def load(path: str | Path | None = None) -> dict[str, Calibration]:
+    """The stored calibrations by accelerator id ({} when there is no file)."""
+    path = Path(path) if path else calibration_path()
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return {}
+    return dict(_load(str(path), st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: str, _mtime_ns: int, _size: int) -> tuple[tuple[str, Calibration], ...]:
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        if doc.get("schema") != SCHEMA:
+            raise ValueError(f"schema {doc.get('schema')!r}, expected {SCHEMA!r}")
+        items = []
+        for acc, d in doc["accelerators"].items():
+            d = dict(d, ratios=tuple(d.get("ratios", ())), records=tuple(d.get("records", ())))
+            items.append((acc, Calibration(**d)))
+        return tuple(items)
+    except (ValueError, KeyError, TypeError) as e:   # json.JSONDecodeError is a ValueError
+        raise TrainplanError(f"Calibration file {path} is not valid: {e}.",
+                             fix="run `trainplan calibrate --reset`, then `trainplan calibrate`"
+                             ) from None
+
+
+def reset(path: str | Path | None = None) -> Path | None:
+    """Delete the calibration file; returns its path if there was one."""
+    path = Path(path) if path else calibration_path()
+    if path.exists():
+        path.unlink()
+        return path
+    return None
+
+
+def apply_calibration(t, accel_id: str, path: str | Path | None = None):
+    """`t` (a timing.StepTime) corrected by the stored factor for `accel_id`; `t` itself when
+    that accelerator has no calibration. See the module docstring for the formula."""
+    if t is None:
+        return t
+    cal = load(path).get(accel_id)
+    if cal is None:
+        return t
+    f = cal.step_time_factor
+    parts = dict(t.breakdown_s)
+    device_s = t.step_time_s - sum(parts.get(k, 0.0) for k in UNMEASURED_TERMS)
+    step = t.step_time_s + (f - 1.0) * device_s
+    scale = t.step_time_s / step
+    out = copy.copy(t)
+    out.breakdown_s = {k: (v if k in UNMEASURED_TERMS else v * f) for k, v in parts.items()}
+    out.step_time_s = step
+    out.samples_per_s = t.samples_per_s * scale
+    out.tokens_per_s = t.tokens_per_s * scale if t.tokens_per_s else t.tokens_per_s
+    out.mfu = t.mfu * scale if t.mfu is not None else None
+    out.calibration = {"step_time_factor": f, "measurements": cal.measurements,
+                       "first": cal.first, "last": cal.last,
+                       "uncalibrated_step_time_s": t.step_time_s,
+                       "file": str(Path(path) if path else calibration_path())}
+    return out

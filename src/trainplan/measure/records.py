@@ -1,0 +1,166 @@
+"""Measurement records: one JSON object per line, appended by `trainplan measure`, by
+`trainplan.measure.record(...)` and by `TrainplanCallback`, read by `trainplan calibrate`.
+
+Schema "trainplan.measurement/1" (units in key names; bytes, seconds):
+
+    schema          "trainplan.measurement/1"
+    timestamp       ISO 8601, UTC, of the end of the run
+    source          "measure" (the CLI) | "record" (context manager) | "hf-trainer" (callback)
+    command         the command line that ran
+    job             the job as flat keys (the YAML / flag names): `job_from_dict` reads it back
+    device          {type, index, name, total_memory_bytes, compute_capability, driver_version}
+    accelerator     catalog id of that device, or null; accelerator_source: "flag" | "detected"
+    versions        python, torch, cuda, cudnn, trainplan, transformers, timm, ... , platform
+    settings        how it ran (warm-up and timed steps, precision switches, grad scaler, ...)
+    measured        step_time_s (median of timed steps), step_time_mean_s, step_times_s,
+                    samples_per_s, tokens_per_s, peak_allocated_bytes, peak_reserved_bytes,
+                    device_used_bytes, device_used_source, peak_rss_bytes, rss_before_bytes,
+                    loss_first, loss_last
+    predicted       trainplan's uncalibrated prediction for `accelerator` (null without one):
+                    step_time_s, device_step_time_s, samples_per_s, tokens_per_s, mfu,
+                    peak_allocated_bytes, peak_reserved_bytes, device_used_bytes,
+                    kernel_semantics, calibrated_step_time_s, calibration
+    notes           what differs from the predicted job or could not be measured
+
+Records live in `$TRAINPLAN_HOME/measurements.jsonl` (default ~/.local/share/trainplan).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, fields, is_dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..errors import TrainplanError
+from ..spec import Job, job_from_dict, validate
+
+SCHEMA = "trainplan.measurement/1"
+SOURCES = ("measure", "record", "hf-trainer")
+REQUIRED = {"schema": str, "timestamp": str, "source": str, "command": str, "job": dict,
+            "device": dict, "versions": dict, "settings": dict, "measured": dict,
+            "notes": list}
+REQUIRED_MEASURED = ("step_time_s", "step_times_s", "samples_per_s", "peak_allocated_bytes",
+                     "peak_reserved_bytes", "device_used_bytes", "peak_rss_bytes")
+REQUIRED_PREDICTED = ("step_time_s", "device_step_time_s", "peak_allocated_bytes",
+                      "peak_reserved_bytes", "device_used_bytes")
+
+
+def trainplan_home() -> Path:
+    """Where trainplan keeps measurements and calibrations: $TRAINPLAN_HOME, else
+    ~/.local/share/trainplan (the XDG data directory)."""
+    return Path(os.environ.get("TRAINPLAN_HOME") or "~/.local/share/trainplan").expanduser()
+
+
+def default_records_path() -> Path:
+    return trainplan_home() / "measurements.jsonl"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def job_to_dict(job: Job) -> dict:
+    """The job as the flat keys `job_from_dict` reads. Every set value is written, defaults
+    included, so a record still means the same job if a default changes; None and empty are left
+    out."""
+    out: dict = {}
+    for f in fields(Job):
+        if f.name in ("base_dir", "notes"):
+            continue
+        v = getattr(job, f.name)
+        if v is None or v == ():
+            continue
+        if is_dataclass(v):
+            v = asdict(v)
+        elif isinstance(v, tuple):
+            v = [dict(x) if isinstance(x, dict) else x for x in v]
+        out[f.name] = v
+    return out
+
+
+def job_from_record(rec: dict) -> Job:
+    base = rec.get("job_base_dir")
+    return validate(job_from_dict(rec["job"], source="measurement record",
+                                  base_dir=Path(base) if base else None))
+
+
+def make_record(*, job: Job, source: str, command: str, device: dict, accelerator: str | None,
+                accelerator_source: str | None, versions: dict, settings: dict, measured: dict,
+                predicted: dict | None, notes: list[str]) -> dict:
+    rec = {
+        "schema": SCHEMA, "timestamp": now_iso(), "source": source, "command": command,
+        "job": job_to_dict(job),
+        "job_base_dir": str(job.base_dir) if job.base_dir else None,
+        "device": device, "accelerator": accelerator, "accelerator_source": accelerator_source,
+        "versions": versions, "settings": settings, "measured": measured,
+        "predicted": predicted, "notes": list(notes),
+    }
+    return check_record(rec)
+
+
+def check_record(rec: dict, where: str = "measurement record") -> dict:
+    """Raise a TrainplanError naming the first thing wrong with `rec`; return it unchanged."""
+    def bad(what: str) -> TrainplanError:
+        return TrainplanError(f"{where}: {what}.",
+                              fix="records are written by `trainplan measure`; do not edit them "
+                                  "by hand, or delete the bad line")
+    if not isinstance(rec, dict):
+        raise bad("not a JSON object")
+    if rec.get("schema") != SCHEMA:
+        raise bad(f"schema is {rec.get('schema')!r}, expected {SCHEMA!r}")
+    for k, typ in REQUIRED.items():
+        if not isinstance(rec.get(k), typ):
+            raise bad(f"{k!r} is missing or not a {typ.__name__}")
+    if rec["source"] not in SOURCES:
+        raise bad(f"source {rec['source']!r} is not one of {', '.join(SOURCES)}")
+    try:
+        datetime.fromisoformat(rec["timestamp"])
+    except ValueError:
+        raise bad(f"timestamp {rec['timestamp']!r} is not ISO 8601") from None
+    if "model" not in rec["job"]:
+        raise bad("job has no model")
+    m = rec["measured"]
+    for k in REQUIRED_MEASURED:
+        if k not in m:
+            raise bad(f"measured has no {k!r}")
+    if not (isinstance(m["step_time_s"], (int, float)) and m["step_time_s"] > 0):
+        raise bad(f"measured step_time_s {m['step_time_s']!r} is not a positive number")
+    if not m["step_times_s"]:
+        raise bad("measured step_times_s is empty")
+    acc, pred = rec.get("accelerator"), rec.get("predicted")
+    if pred is not None:
+        if not acc:
+            raise bad("predicted values without an accelerator")
+        for k in REQUIRED_PREDICTED:
+            if k not in pred:
+                raise bad(f"predicted has no {k!r}")
+    return rec
+
+
+def append_record(rec: dict, path: str | Path | None = None) -> Path:
+    path = Path(path).expanduser() if path else default_records_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(check_record(rec), sort_keys=True) + "\n")
+    return path
+
+
+def read_records(path: str | Path | None = None) -> list[dict]:
+    """All records of a JSON-lines file, each checked; a bad line is an error naming it."""
+    path = Path(path).expanduser() if path else default_records_path()
+    if not path.exists():
+        raise TrainplanError(f"No measurements at {path}.",
+                             fix="run `trainplan measure JOB` on the machine first (or pass "
+                                 "--records FILE)")
+    out = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TrainplanError(f"{path} line {i} is not JSON: {e.msg}.",
+                                 fix="delete the broken line") from None
+        out.append(check_record(rec, f"{path} line {i}"))
+    return out

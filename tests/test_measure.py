@@ -1,0 +1,319 @@
+"""`trainplan measure` / `calibrate` and the in-loop recorders, on CPU with a tiny transformer.
+
+What is checked: the measured model is the model trainplan traces (same parameter counts, same
+checkpointed blocks); a record is valid and reads back into the same job; calibration is the
+median of measured / predicted, changes predictions only for its accelerator, by the stated
+formula, and the estimate says so; the context manager and the Trainer callback write the same
+records.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import pytest
+import torch
+
+from trainplan.cli.main import main
+from trainplan.errors import TrainplanError
+from trainplan.estimate import Analyzer, to_json
+from trainplan.measure import calibrate as cal
+from trainplan.measure.device import match_accelerator
+from trainplan.measure.records import (SCHEMA, check_record, job_from_record, job_to_dict,
+                                       read_records)
+from trainplan.measure.runner import build_on_device, local_semantics, run_measurement
+from trainplan.accelerators import get_accelerator
+from trainplan.spec import Lora, load_job
+from trainplan.trace.tracer import count_parameters
+
+from conftest import tiny_job, trace
+
+TINY_YAML = """\
+model: {hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128, vocab_size: 256,
+        kind: decoder}
+batch_size: 2
+seq_len: 32
+"""
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    """Every test gets its own TRAINPLAN_HOME: no user calibration leaks in or out."""
+    monkeypatch.setenv("TRAINPLAN_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """One `trainplan measure` run of the tiny job, labelled t4: (record, records file, job)."""
+    d = tmp_path_factory.mktemp("measure")
+    job_file = d / "tiny.yaml"
+    job_file.write_text(TINY_YAML)
+    out = d / "records.jsonl"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRAINPLAN_HOME", str(d / "home"))
+        rc = main(["measure", str(job_file), "--steps", "3", "--warmup", "1",
+                   "--accelerator", "t4", "--out", str(out), "--format", "json"])
+    assert rc == 0
+    (rec,) = read_records(out)
+    return rec, out, load_job(job_file)
+
+
+def test_record_is_valid_and_reads_back(measured):
+    rec, _, job = measured
+    assert rec["schema"] == SCHEMA and rec["source"] == "measure"
+    assert rec["command"].startswith("trainplan measure ") and "--accelerator t4" in rec["command"]
+    assert rec["device"]["type"] == "cpu" and rec["accelerator"] == "t4"
+    assert rec["accelerator_source"] == "flag"
+    assert rec["versions"]["torch"] == torch.__version__
+    back = job_from_record(rec)
+    assert job_to_dict(back) == job_to_dict(job) == rec["job"]
+    m = rec["measured"]
+    assert m["steps"] == 3 and len(m["step_times_s"]) == 3 and m["warmup_steps"] == 1
+    assert m["step_time_s"] == statistics.median(m["step_times_s"]) > 0
+    samples = job.batch_size * job.grad_accum
+    assert m["samples_per_s"] == pytest.approx(samples / m["step_time_s"])
+    assert m["tokens_per_s"] == pytest.approx(samples * 32 / m["step_time_s"])
+    # CPU: no caching allocator; the process RSS is recorded instead
+    assert m["peak_allocated_bytes"] is None and m["peak_rss_bytes"] > 0
+    assert torch.isfinite(torch.tensor([m["loss_first"], m["loss_last"]])).all()
+
+
+def test_prediction_in_record_is_trainplans(measured):
+    rec, _, job = measured
+    est = Analyzer(job.with_(gpu="t4")).estimate(get_accelerator("t4"), with_max_batch=False)
+    p = rec["predicted"]
+    assert p["peak_allocated_bytes"] == est.memory.peak_allocated_bytes
+    assert p["device_used_bytes"] == est.memory.device_used_bytes
+    assert p["step_time_s"] == pytest.approx(est.time.step_time_s, rel=1e-12)
+    assert p["device_step_time_s"] == pytest.approx(p["step_time_s"])   # one device, no data wait
+    assert p["calibration"] is None
+
+
+@pytest.mark.parametrize("kw", [
+    {},
+    {"lora": Lora(rank=4, alpha=8, targets="q,v")},
+    {"grad_checkpointing": "full", "precision": "bf16"},
+])
+def test_measured_model_is_the_traced_model(kw):
+    job = tiny_job(**kw)
+    tr = trace(job)
+    bundle, blocks = build_on_device(job, local_semantics(job, CPU, None), CPU)
+    assert count_parameters(bundle.module) == (tr.params_total, tr.params_trainable)
+    assert blocks == tr.checkpointed_blocks
+    assert all(p.device.type == "cpu" for p in bundle.module.parameters())
+    if "lora" in kw:   # r (in + out) per adapted linear: 2 layers x {q, v} x 4 x (64 + 64)
+        assert tr.params_trainable == 2 * 2 * 4 * (64 + 64)
+
+
+def test_measure_grad_accum_and_qlora_runs(tmp_path):
+    job = tiny_job(grad_accum=2, lora=Lora(rank=4, alpha=8, targets="q,v"), quantize="nf4",
+                   precision="bf16-amp", grad_checkpointing="selective")
+    rec, path = run_measurement(job, steps=2, warmup=1, out=tmp_path / "r.jsonl")
+    assert path == tmp_path / "r.jsonl" and len(read_records(path)) == 1
+    assert rec["predicted"] is None and rec["accelerator"] is None
+    assert any("matches no catalog accelerator" in n for n in rec["notes"])
+    assert any("emulation of bitsandbytes" in n for n in rec["notes"])
+    m = rec["measured"]
+    assert m["samples_per_s"] == pytest.approx(2 * 2 / m["step_time_s"])   # batch 2 x accum 2
+    assert math.isfinite(m["loss_first"]) and math.isfinite(m["loss_last"])
+
+
+def test_measure_refuses_multi_device(tmp_path):
+    f = tmp_path / "tiny.yaml"
+    f.write_text(TINY_YAML)
+    assert main(["measure", str(f), "--gpus", "2", "--steps", "1"]) == 2
+    with pytest.raises(TrainplanError, match="one process on one device"):
+        run_measurement(tiny_job(gpus=2), steps=1)
+
+
+def test_calibration_changes_only_its_accelerator(measured, home, tmp_path):
+    rec, _, job = measured
+    # a second run of the same job, twice as slow (what a busier machine would record)
+    slow = json.loads(json.dumps(rec))
+    slow["measured"]["step_time_s"] *= 2
+    slow["timestamp"] = "2026-01-02T00:00:00+00:00"
+    recs = [rec, check_record(slow)]
+    fitted = cal.fit(recs)
+    ratio = rec["measured"]["step_time_s"] / rec["predicted"]["device_step_time_s"]
+    assert set(fitted) == {"t4"}
+    assert fitted["t4"].step_time_factor == pytest.approx(statistics.median([ratio, 2 * ratio]))
+    assert fitted["t4"].measurements == 2 and fitted["t4"].first == "2026-01-02"
+    path, kept = cal.save(fitted)
+    assert path == home / "calibration.json" and kept == []
+
+    an = Analyzer(job.with_(gpu="t4"))
+    f = fitted["t4"].step_time_factor
+    for acc in ("t4", "a100"):
+        accel = get_accelerator(acc)
+        raw = an.estimate(accel, with_max_batch=False, measured_calibration=False).time
+        got = an.estimate(accel, with_max_batch=False)
+        if acc == "t4":
+            device_s = raw.step_time_s - raw.breakdown_s["communication"] - raw.breakdown_s["data_wait"]
+            assert got.time.step_time_s == pytest.approx(raw.step_time_s + (f - 1) * device_s)
+            assert got.time.samples_per_s == pytest.approx(
+                raw.samples_per_s * raw.step_time_s / got.time.step_time_s)
+            c = to_json(got)["calibration"]
+            assert c["measurements"] == 2 and c["step_time_factor"] == pytest.approx(f)
+            assert c["uncalibrated_step_time_s"] == pytest.approx(raw.step_time_s)
+        else:
+            assert got.time.step_time_s == raw.step_time_s
+            assert to_json(got)["calibration"] is None
+
+
+def test_estimate_report_says_calibrated(measured, capsys):
+    from trainplan.report.estimate_report import estimate_text
+    rec, out, job = measured
+    assert main(["calibrate", "--records", str(out)]) == 0
+    date = rec["timestamp"][:10]
+    an = Analyzer(job)
+    capsys.readouterr()
+    estimate_text(an.estimate(get_accelerator("t4"), with_max_batch=False))
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"calibrated on 1 measurement from {date}" in text
+    estimate_text(an.estimate(get_accelerator("l4"), with_max_batch=False))
+    assert "calibrated" not in capsys.readouterr().out
+
+
+def test_calibrate_cli_show_merge_reset(measured, home, tmp_path, capsys):
+    rec, out, _ = measured
+    other = json.loads(json.dumps(rec))
+    other["accelerator"] = other["predicted"]["accelerator"] = "a100-sxm4-80gb"
+    (tmp_path / "a100.jsonl").write_text(json.dumps(other) + "\n")
+    assert main(["calibrate", "--records", str(out)]) == 0
+    assert main(["calibrate", "--records", str(tmp_path / "a100.jsonl")]) == 0
+    assert set(cal.load()) == {"t4", "a100-sxm4-80gb"}     # t4 kept from the first fit
+    capsys.readouterr()
+    assert main(["calibrate", "--show", "--format", "json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["t4"]["measurements"] == 1
+    assert main(["calibrate", "--reset"]) == 0
+    assert cal.load() == {} and not (home / "calibration.json").exists()
+    # no records at all: one clear error, exit 2
+    assert main(["calibrate", "--records", str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_bad_records_are_named(tmp_path):
+    f = tmp_path / "r.jsonl"
+    f.write_text('{"schema": "trainplan.measurement/1"}\nnot json\n')
+    with pytest.raises(TrainplanError, match="line 1"):
+        read_records(f)
+    f.write_text("not json\n")
+    with pytest.raises(TrainplanError, match="line 1 is not JSON"):
+        read_records(f)
+
+
+def test_record_context_manager(tmp_path):
+    import trainplan.measure
+    from trainplan.models.reference import ReferenceTransformer
+    job = tiny_job()
+    torch.manual_seed(0)
+    model = ReferenceTransformer(job.transformer)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 256, (job.batch_size, job.seq_len))
+    out = tmp_path / "loop.jsonl"
+    with trainplan.measure.record(job, warmup=1, out=out, accelerator="t4") as rec:
+        for _ in range(4):
+            loss = model(ids, labels=ids)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            rec.step(loss)
+    (r,) = read_records(out)
+    assert r == rec.result and rec.path == out
+    assert r["source"] == "record" and r["measured"]["steps"] == 3
+    assert r["predicted"]["accelerator"] == "t4"
+    assert r["measured"]["loss_last"] < r["measured"]["loss_first"]   # lr 1e-3 on one batch
+    # a loop that raises writes nothing
+    with pytest.raises(RuntimeError):
+        with trainplan.measure.record(job, warmup=0, out=tmp_path / "none.jsonl"):
+            raise RuntimeError("boom")
+    assert not (tmp_path / "none.jsonl").exists()
+
+
+def test_hf_trainer_callback(tmp_path):
+    from trainplan.measure import TrainplanCallback
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    cfg = GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=128, n_positions=64,
+                     bos_token_id=0, eos_token_id=0)
+    cfg_file = tmp_path / "config.json"
+    cfg_file.write_text(cfg.to_json_string())
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return 32
+
+        def __getitem__(self, i):
+            ids = torch.randint(0, 128, (16,))
+            return {"input_ids": ids, "labels": ids}
+
+    job = {"model": f"hf:{cfg_file}", "batch_size": 4, "seq_len": 16}
+    cb = TrainplanCallback(job, warmup=1, out=tmp_path / "hf.jsonl", accelerator="t4")
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
+                             max_steps=3, report_to=[], save_strategy="no",
+                             logging_strategy="no", use_cpu=True, disable_tqdm=True)
+    Trainer(model=GPT2LMHeadModel(cfg), args=args, train_dataset=Data(),
+            callbacks=[cb]).train()
+    (r,) = read_records(tmp_path / "hf.jsonl")
+    assert r == cb.result
+    assert r["source"] == "hf-trainer" and r["measured"]["steps"] == 2
+    assert not any("differ" in n for n in r["notes"])
+    assert r["predicted"]["tokens_per_sample"] == 16
+    assert r["measured"]["tokens_per_s"] == pytest.approx(4 * 16 / r["measured"]["step_time_s"])
+
+
+@pytest.mark.parametrize("name,mem_gib,expected", [
+    ("Tesla T4", 15, "t4"),
+    ("NVIDIA A100-SXM4-40GB", 40, "a100-sxm4-40gb"),
+    ("NVIDIA A100-SXM4-80GB", 80, "a100-sxm4-80gb"),
+    ("NVIDIA A100 80GB PCIe", 80, "a100-pcie-80gb"),
+    ("NVIDIA H100 80GB HBM3", 80, "h100-sxm"),
+    ("NVIDIA H100 PCIe", 80, "h100-pcie"),
+    ("NVIDIA H200", 141, "h200"),
+    ("NVIDIA A10G", 23, "a10g"),
+    ("NVIDIA L4", 23, "l4"),
+    ("NVIDIA L40S", 45, "l40s"),
+    ("Tesla V100-SXM2-32GB", 32, "v100-sxm2-32gb"),
+    ("NVIDIA GeForce RTX 3090", 24, "rtx-3090"),
+    ("NVIDIA GeForce RTX 3050 Laptop GPU", 4, "rtx-3050-laptop-4gb"),
+    ("NVIDIA RTX A6000", 48, "rtx-a6000"),
+    ("NVIDIA B200", 180, None),
+])
+def test_device_names_match_catalog(name, mem_gib, expected):
+    assert match_accelerator(name, mem_gib * 2**30) == expected
+
+
+def test_measure_text_shows_both_columns(measured, capsys):
+    from trainplan.report.measure_report import measure_text
+    rec, out, _ = measured
+    measure_text(rec, out)
+    text = " ".join(capsys.readouterr().out.split())
+    assert "predicted against measured" in text and "step time" in text
+    assert "peak allocated" in text and "process peak RSS" in text
+    assert "record appended to" in text and out.name in text
+
+
+def test_broken_calibration_file_is_one_clear_error(home, measured):
+    _, _, job = measured
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "calibration.json").write_text("{not json")
+    with pytest.raises(TrainplanError, match="calibrate --reset"):
+        Analyzer(job).estimate(get_accelerator("t4"), with_max_batch=False)
+    assert main(["calibrate", "--reset"]) == 0
+    assert Analyzer(job).estimate(get_accelerator("t4"), with_max_batch=False).time is not None
+
+
+def test_job_round_trips_through_a_record():
+    from pathlib import Path
+    from trainplan.spec import Job, job_from_dict, validate
+    example = load_job(Path(__file__).resolve().parents[1] / "examples" / "graphmer-se.yaml")
+    lora = validate(Job(model="hf:meta-llama/Llama-3.2-1B", batch_size=4, seq_len=1024,
+                        precision="bf16-amp", lora=Lora(rank=16, targets="all-linear"),
+                        quantize="nf4", frozen=("model.embed_tokens",), grad_accum=8))
+    for job in (example, lora):
+        d = job_to_dict(job)
+        assert json.loads(json.dumps(d)) == d
+        back = validate(job_from_dict(d, base_dir=job.base_dir))
+        assert back.with_(notes=()) == job.with_(notes=())
