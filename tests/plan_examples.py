@@ -13,6 +13,14 @@ from trainplan.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ("graphmer-se", "glf-cr-2xt4", "chart-rvr-grpo")
+# a job that plans in seconds (two-layer, 64-wide transformer)
+TINY = """\
+name: tiny
+model: {hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128, vocab_size: 256}
+training_data: {max_seq_len: 32, micro_batch_size: 4}
+run: {mixed_precision: fp16}
+steps: 100
+"""
 
 
 @functools.cache

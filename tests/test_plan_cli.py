@@ -3,15 +3,9 @@ import json
 
 import pytest
 
+from plan_examples import TINY
 from trainplan.cli.main import main
 
-TINY = """\
-name: tiny
-model: {hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128, vocab_size: 256}
-training_data: {max_seq_len: 32, micro_batch_size: 4}
-run: {mixed_precision: fp16}
-steps: 100
-"""
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from html.parser import HTMLParser
 import pytest
 from rich.console import Console
 
+from plan_examples import TINY
 from trainplan.cli.main import main
 from trainplan.plan import Planner, make_plan, select_platforms
 from trainplan.report import charts
@@ -24,13 +25,6 @@ from trainplan.spec import load_job
 from trainplan.units import (GiB, fmt_bytes, fmt_seconds, fmt_tick, gib, nice_ticks,
                              time_unit)
 
-TINY = """\
-name: tiny
-model: {hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128, vocab_size: 256}
-training_data: {max_seq_len: 32, micro_batch_size: 4}
-run: {mixed_precision: fp16}
-steps: 100
-"""
 PLATFORMS = ["kaggle-t4x2", "local-rtx-3090", "kaggle-p100"]     # 2 GPUs, 1 GPU, retired
 
 

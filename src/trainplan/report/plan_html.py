@@ -23,8 +23,8 @@ from ..units import fmt_bytes, fmt_int, fmt_seconds, fmt_usd, gib, time_unit
 from . import charts
 from .plan_document import ReportExtras, document
 from .plan_tables import (CATALOG, COST, CURVE, FIXES, HARDWARE, PERFORMANCE, SESSIONS, STORAGE,
-                          VERDICTS, Cell, chosen_index, fmt_by_key, memory_columns, platform_rows,
-                          rows, settings_rows)
+                          VERDICTS, Cell, chosen_index, fmt_by_key, memory_columns,
+                          platform_rows, problem_platforms, rows, settings_rows)
 
 CHART_ROWS = 12       # platforms per bar chart: the best-ranked ones (the tables list them all)
 CURVE_WIDTH = 560     # memory-curve panels, two side by side
@@ -240,12 +240,7 @@ def _checks(items: list[dict]) -> str:
 
 def _problems(doc: dict) -> list[str]:
     out = []
-    for i, p in enumerate(doc["platforms"]):
-        if p["verdict"] == "RETIRED":
-            continue
-        issues = [c for c in p["checklist"] if c["status"] in ("fail", "warn")]
-        if not (p["fixes"] or p["skipped_fixes"] or issues):
-            continue
+    for i, p, issues in problem_platforms(doc):
         out.append(f"<h3>{escape(p['platform_id'])}: {escape(p['verdict'])}</h3>")
         if p["reason"]:
             out.append(f"<p>{escape(p['reason'])}</p>")

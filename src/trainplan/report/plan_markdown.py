@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from .plan_document import ReportExtras, document
 from .plan_tables import (CATALOG, COST, CURVE, FIXES, HARDWARE, PERFORMANCE, SESSIONS, STORAGE,
-                          VERDICTS, Cell, chosen_index, fmt_by_key, memory_columns, platform_rows,
-                          rows, settings_rows)
+                          VERDICTS, Cell, chosen_index, fmt_by_key, memory_columns,
+                          platform_rows, problem_platforms, rows, settings_rows)
 from ..units import fmt_bytes, fmt_int, fmt_seconds, fmt_usd
 
 SECTIONS = ("Verdicts", "Hardware compared", "The job's settings", "Memory per device",
@@ -100,12 +100,7 @@ def _curves(doc: dict) -> list[str]:
 
 def _problems(doc: dict) -> list[str]:
     out = []
-    for i, p in enumerate(doc["platforms"]):
-        if p["verdict"] == "RETIRED":
-            continue
-        issues = [c for c in p["checklist"] if c["status"] in ("fail", "warn")]
-        if not (p["fixes"] or p["skipped_fixes"] or issues):
-            continue
+    for i, p, issues in problem_platforms(doc):
         out += [f"### {p['platform_id']}: {p['verdict']}", ""]
         if p["reason"]:
             out += [p["reason"], ""]

@@ -242,6 +242,17 @@ CATALOG = (
 )
 
 
+def problem_platforms(doc: dict):
+    """(index, platform, its failing or warning checklist items) for every current platform that
+    has fixes, impossible fixes or problems to show (the reports' "Problems and fixes")."""
+    for i, p in enumerate(doc["platforms"]):
+        if p["verdict"] == "RETIRED":
+            continue
+        issues = [c for c in p["checklist"] if c["status"] in ("fail", "warn")]
+        if p["fixes"] or p["skipped_fixes"] or issues:
+            yield i, p, issues
+
+
 def chosen_index(doc: dict) -> int:
     """Index of the recommended platform, else the best-ranked one (the plan is in rank order)."""
     for i, p in enumerate(doc["platforms"]):
