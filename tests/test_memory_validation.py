@@ -26,8 +26,12 @@ def vm():
 def test_every_source_row_becomes_a_case(vm):
     hf, _ = vm.hf_cases()
     llm, skipped = vm.llm_cases()
-    assert len(hf) == 10                                 # nine configurations + Accelerate loop
-    assert {c.job["optimizer"] for c in hf} == {"adamw", "adafactor", "adamw-8bit"}
+    bert = [c for c in hf if c.source == "hf"]
+    peft = [c for c in hf if c.source == "peft"]
+    assert len(bert) == 10                               # nine configurations + Accelerate loop
+    assert len(peft) == 9 and {c.figure for c in peft} == {"fits"}   # 3 models x 3 techniques
+    assert sum(c.measured == 0.0 for c in peft) == 2     # full fine-tuning of mt0-xxl, bloomz
+    assert {c.job["optimizer"] for c in bert} == {"adamw", "adafactor", "adamw-8bit"}
     assert {c.source for c in llm} == {"litgpt", "torchtune", "torchtitan"}
     assert all(s.reason for s in skipped)
     assert vm.next_larger(256) == 384 and vm.next_larger(12) == 16 and vm.next_larger(512) is None

@@ -8,6 +8,7 @@ one after another in this process; results are identical either way.
 """
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 
@@ -43,12 +44,23 @@ def _child_init() -> None:
     torch.set_num_threads(1)
 
 
+_POOLS: dict[int, object] = {}
+
+
+def _pool(n: int):
+    """One pool per process, kept for later rounds: its workers stay warm (the first trace in a
+    process pays lazy imports and fills PyTorch's fake-tensor dispatch cache)."""
+    if n not in _POOLS:
+        _POOLS[n] = multiprocessing.get_context("fork").Pool(n, initializer=_child_init)
+        atexit.register(_POOLS[n].terminate)
+    return _POOLS[n]
+
+
 def trace_all(requests: list[tuple]) -> list[Trace | TrainplanError]:
     """Trace each (job, KernelSemantics, batch); a failure comes back as its TrainplanError."""
     n = min(len(requests), workers_available())
     if n >= 2 and "fork" in multiprocessing.get_all_start_methods():
-        with multiprocessing.get_context("fork").Pool(n, initializer=_child_init) as pool:
-            results = pool.map(_run, requests, chunksize=1)
+        results = _pool(workers_available()).map(_run, requests, chunksize=1)
     else:
         results = [_run(r) for r in requests]
     return [TrainplanError(r[1], allowed=r[2], fix=r[3]) if isinstance(r, tuple) else r
