@@ -125,16 +125,3 @@ def test_catalog_lists_platforms_with_retired_dates(capsys):
     rows = {r["id"]: r for r in json.loads(out)}
     assert code == 0 and rows["kaggle-p100"]["status"] == "retired"
     assert rows["kaggle-p100"]["retired_on"] == "2026-09-15"
-
-
-def test_plain_text_renderer_leads_with_the_recommendation(capsys, job):
-    from trainplan.plan import make_plan, select_platforms
-    from trainplan.report.plan_text import plan_text
-    from trainplan.spec import load_job, validate
-    plan = make_plan(validate(load_job(job)), select_platforms(["local-rtx-3090", "kaggle-p100"]))
-    capsys.readouterr()
-    plan_text(plan)
-    out = capsys.readouterr().out
-    assert out.startswith("tiny:")
-    assert out.index("Recommendation: local-rtx-3090") < out.index("checklist")
-    assert "checklist" in out and "RETIRED" in out and "[x]" in out

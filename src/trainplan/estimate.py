@@ -10,7 +10,9 @@ import torch
 
 from .accelerators import Accelerator
 from .errors import TrainplanError
+from .measure.calibrate import apply_calibration
 from .memory import Finding, MemoryEstimate, estimate_memory
+from .timing import estimate_step_time
 from .trace.semantics import KernelSemantics, attention_backend_for
 from .trace.tracer import Trace, trace_step
 
@@ -113,10 +115,13 @@ class Analyzer:
         key = (sem.key(), batch)
         if key not in self._traces:
             if self._progress:
-                self._progress(f"tracing {self.job.model_label} (batch {batch}, {sem.attention} "
-                               f"attention, {sem.autocast_dtype or 'no autocast'})")
+                self._progress(self.trace_message(sem, batch))
             self._traces[key] = trace_step(self.job, sem, batch)
         return self._traces[key]
+
+    def trace_message(self, sem: KernelSemantics, batch: int) -> str:
+        return (f"tracing {self.job.model_label} (batch {batch}, {sem.attention} attention, "
+                f"{sem.autocast_dtype or 'no autocast'})")
 
     def needs_trace(self, sem: KernelSemantics, batch: int) -> bool:
         return (sem.key(), batch) not in self._traces
@@ -134,14 +139,9 @@ class Analyzer:
         sem = semantics_for(self.job, accel)
         tr = self.trace(sem, self.job.batch_size)
         mem = estimate_memory(tr, accel, self.job)
-        if mem.gpu0_extra_bytes:
-            findings.append(Finding("warning", f"GPU 0 holds {mem.gpu0_extra_bytes / 2**30:.2f} GiB "
-                                               "more than the others (gathered outputs).",
-                                    "use --strategy ddp"))
-        time = _step_time(tr, accel, self.job, calibration)
-        if measured_calibration and calibration is None and time is not None:
-            from .measure.calibrate import apply_calibration
-            time = apply_calibration(time, accel.id)
+        findings += gpu0_findings(mem)
+        time = step_time(tr, accel, self.job, calibration,
+                         measured_calibration=measured_calibration)
         mb = self.max_batch(accel, sem) if with_max_batch else None
         if not mem.fits:
             findings.append(Finding(
@@ -192,12 +192,23 @@ class Analyzer:
         return lo or None
 
 
-def _step_time(trace, accel, job, calibration):
-    try:
-        from .timing import estimate_step_time
-    except ImportError:
-        return None
-    return estimate_step_time(trace, accel, job, calibration)
+def gpu0_findings(mem: MemoryEstimate) -> list[Finding]:
+    """DataParallel's imbalance, when the memory model found one."""
+    if not mem.gpu0_extra_bytes:
+        return []
+    return [Finding("warning", f"GPU 0 holds {mem.gpu0_extra_bytes / 2**30:.2f} GiB more than the "
+                               "others (DataParallel gathers outputs there).",
+                    "use DDP (torchrun): --strategy ddp")]
+
+
+def step_time(trace: Trace, accel: Accelerator, job, calibration: dict | None = None,
+              cpu_cores: int | None = None, measured_calibration: bool = True):
+    """timing.py's step time, corrected by the user's `trainplan calibrate` factor for this
+    accelerator unless explicit efficiency parameters are given (measure/calibrate.py)."""
+    t = estimate_step_time(trace, accel, job, calibration, cpu_cores=cpu_cores)
+    if measured_calibration and calibration is None:
+        t = apply_calibration(t, accel.id)
+    return t
 
 
 def to_json(est: Estimate) -> dict:

@@ -15,6 +15,7 @@ from .estimate_cmd import estimate_command_parser
 from .inspect_cmd import inspect_command_parser
 from .probe_cmd import probe_command_parser
 from .measure_cmd import measure_command_parser
+from .plan_cmd import plan_command_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,11 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe_command_parser(sub)
     measure_command_parser(sub)
     calibrate_command_parser(sub)
-    try:
-        from .plan_cmd import plan_command_parser
-        plan_command_parser(sub)
-    except ImportError:
-        pass
+    plan_command_parser(sub)
     return p
 
 

@@ -8,8 +8,6 @@ Precedence: CLI flags > YAML job file > defaults. Platforms: --platforms, else t
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
 from ..errors import TrainplanError

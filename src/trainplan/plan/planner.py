@@ -25,15 +25,13 @@ paid again every session). Cost: cost.py. Checkpoints: storage.py.
 from __future__ import annotations
 
 import copy
-import inspect
 import math
 
 from ..accelerators import get_accelerator
 from ..errors import TrainplanError
-from ..estimate import check_compatible, semantics_for
-from ..memory import Finding, estimate_memory
+from ..estimate import check_compatible, gpu0_findings, semantics_for, step_time
+from ..memory import estimate_memory
 from ..platforms import Platform
-from ..timing import estimate_step_time
 from . import cost as cost_mod
 from . import sessions as ses
 from . import storage as sto
@@ -41,12 +39,6 @@ from .fixes import LADDER, SPEED_LADDER, Skip, compatibility
 from .result import Fix, Sessions, Storage
 from .traces import Traces, trace_job
 
-try:
-    from ..measure.calibrate import apply_calibration
-except ImportError:   # pragma: no cover - measurement layer not installed
-    apply_calibration = None
-
-_TIME_TAKES_CORES = "cpu_cores" in inspect.signature(estimate_step_time).parameters
 MiB = 2**20
 KEEP_MIN_BYTES = 64 * MiB   # a rung that frees less is reported, not kept (it has a cost)
 
@@ -173,14 +165,8 @@ class Planner:
         if mkey not in self._memory:
             self._memory[mkey] = estimate_memory(tr, accel, jb)
         mem = self._memory[mkey]
-        kw = {"cpu_cores": platform.cpu_cores} if _TIME_TAKES_CORES else {}
-        time = estimate_step_time(tr, accel, jb, **kw)
-        if apply_calibration is not None:
-            time = apply_calibration(time, accel.id)
-        if mem.gpu0_extra_bytes:
-            findings.append(Finding("warning", f"GPU 0 holds {mem.gpu0_extra_bytes / 2**30:.2f} GiB "
-                                               "more than the others (DataParallel gathers outputs "
-                                               "there).", "use DDP (torchrun)"))
+        time = step_time(tr, accel, jb, cpu_cores=platform.cpu_cores)
+        findings += gpu0_findings(mem)
         return Config(jb, platform, tr, interp, mem, time, findings)
 
     def configure(self, jv, platform: Platform) -> Config:

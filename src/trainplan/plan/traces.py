@@ -71,10 +71,9 @@ class Traces:
                 todo.append((an, sem, batch))
         if len(todo) < 2:
             return
-        for an, sem, batch in todo:
-            if self._progress:
-                self._progress(f"tracing {an.job.model_label} (batch {batch}, {sem.attention} "
-                               f"attention, {sem.autocast_dtype or 'no autocast'})")
+        if self._progress:
+            for an, sem, batch in todo:
+                self._progress(an.trace_message(sem, batch))
         for (an, sem, batch), tr in zip(todo, trace_all([(an.job, sem, b) for an, sem, b in todo])):
             if isinstance(tr, Trace):
                 an.store(sem, batch, tr)
