@@ -84,3 +84,10 @@ def test_sequence_longer_than_learned_positions(capsys):
     assert code == 2
     assert "512 learned positions" in err and "--seq-len 512" in err
     assert "Traceback" not in err
+
+
+def test_selective_checkpointing_cannot_be_reentrant(capsys):
+    code, err = run(capsys, "inspect", "hf:openai-community/gpt2", "--seq-len", "16",
+                    "--grad-checkpointing", "selective", "--checkpoint-impl", "reentrant")
+    assert code == 2
+    assert "use_reentrant=False" in err and "--checkpoint-impl non-reentrant" in err

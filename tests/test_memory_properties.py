@@ -91,6 +91,29 @@ def test_recomputed_blocks_do_not_pile_up_in_backward():
     assert extra < 3 * acts_per_layer
 
 
+def test_reentrant_checkpointing_drops_the_inputs_qlora_keeps():
+    """bitsandbytes' MatMul4Bit keeps its input on ctx (not through save_for_backward), so under
+    non-reentrant checkpointing every quantised layer's input that needs a gradient outlives the
+    forward: per layer the normed input q, k and v share, the output projection's and the up
+    projection's (b s h each) and the down projection's (b s f); in layer 0 the q/k/v input comes
+    from the frozen embedding and needs no gradient, so bitsandbytes keeps none. Reentrant
+    checkpointing runs the forward without autograd and keeps only the block input, as LoRA does;
+    every adapter still gets its gradient (AdamW's 8 bytes per trainable parameter)."""
+    job = tiny_job(num_layers=4, batch_size=4, seq_len=64, grad_checkpointing="full",
+                   lora=Lora(rank=4, alpha=8, targets="all-linear", dropout=0.0))
+    lora = trace(job)
+    nf4 = {impl: trace(job.with_(quantize="nf4", checkpoint_impl=impl))
+           for impl in ("reentrant", "non-reentrant")}
+    assert job.with_(quantize="nf4").reentrant_checkpointing  # auto: peft's QLoRA set-up
+    assert nf4["reentrant"].activation_bytes == lora.activation_bytes
+    d = job.transformer
+    bsh, bsf = 4 * 64 * d.hidden_size * 4, 4 * 64 * d.ffn * 4     # fp32
+    extra = nf4["non-reentrant"].activation_bytes - nf4["reentrant"].activation_bytes
+    assert extra == d.num_layers * (3 * bsh + bsf) - bsh
+    for t in nf4.values():
+        assert t.optimizer_state_bytes == pytest.approx(8 * t.params_trainable, rel=0.01)
+
+
 def test_nf4_weights_are_about_a_quarter_of_bf16():
     """QLoRA NF4 with double quantisation (Dettmers et al. 2023): 4 bits per weight, one 8-bit
     absmax per 64 weights and one fp32 scale per 256 absmax: n/2 + n/64 + 4 n/16384 bytes."""

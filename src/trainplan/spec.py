@@ -8,7 +8,7 @@ flags, with `_` for `-`) and also the seeds' own config shape:
     training_data: {max_seq_len, micro_batch_size}
     run: {mixed_precision, gradient_accumulation_steps}
     optimizer: {name, lr, ...}
-    checkpointing: {activation_checkpointing}
+    checkpointing: {activation_checkpointing, use_reentrant}
     hardware: {device, num_workers}
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit",
 STRATEGIES = ("single", "dp", "ddp", "fsdp", "zero1", "zero2", "zero3")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 CHECKPOINTING = ("none", "full", "selective")
+CHECKPOINT_IMPLS = ("auto", "reentrant", "non-reentrant")
 ATTENTIONS = ("auto", "eager", "sdpa", "flash", "efficient", "math")
 QUANTIZE = ("none", "nf4", "int8")
 TASKS = ("causal-lm", "masked-lm", "seq-classification", "seq2seq", "image-classification")
@@ -60,6 +61,7 @@ class Job:
     precision: str = "fp32"
     optimizer: str = "adamw"
     grad_checkpointing: str = "none"
+    checkpoint_impl: str = "auto"       # torch.utils.checkpoint's use_reentrant; see below
     attention: str = "auto"
     lora: Lora | None = None
     quantize: str = "none"
@@ -83,6 +85,20 @@ class Job:
     @property
     def model_label(self) -> str:
         return self.name or self.model
+
+    @property
+    def reentrant_checkpointing(self) -> bool:
+        """Whether checkpointed blocks use `torch.utils.checkpoint(use_reentrant=True)`.
+
+        "auto" follows the framework that sets a job like this up. QLoRA jobs are prepared by
+        peft's `prepare_model_for_kbit_training`, which passes no `use_reentrant`, so torch's
+        default (True) applies; there the quantised layers' inputs are not kept (the block's
+        forward runs without autograd). transformers >= 5, torchtitan, timm and accelerate's FSDP
+        checkpoint non-reentrantly, which lets bitsandbytes keep every quantised layer's input.
+        """
+        if self.checkpoint_impl == "auto":
+            return self.quantize != "none" and self.grad_checkpointing == "full"
+        return self.checkpoint_impl == "reentrant"
 
     def with_(self, **kw) -> "Job":
         return replace(self, **kw)
@@ -210,6 +226,8 @@ def job_from_dict(data: dict, node=None, source: str = "job", base_dir: Path | N
     if isinstance(ck, dict):
         ac = ck.get("activation_checkpointing", False)
         kw["grad_checkpointing"] = ac if isinstance(ac, str) else ("full" if ac else "none")
+        if "use_reentrant" in ck:
+            kw["checkpoint_impl"] = "reentrant" if ck["use_reentrant"] else "non-reentrant"
     hw = data.pop("hardware", None) or {}
     if "num_workers" in hw:
         kw["num_workers"] = hw["num_workers"]
@@ -284,6 +302,12 @@ def validate(job: Job) -> Job:
     _choice("strategy", job.strategy, STRATEGIES)
     _choice("offload", job.offload, OFFLOADS)
     _choice("grad_checkpointing", job.grad_checkpointing, CHECKPOINTING)
+    _choice("checkpoint_impl", job.checkpoint_impl, CHECKPOINT_IMPLS)
+    if job.grad_checkpointing == "selective" and job.checkpoint_impl == "reentrant":
+        raise TrainplanError("Selective activation checkpointing cannot be reentrant: PyTorch's "
+                             "selective checkpointing works only with use_reentrant=False.",
+                             fix="use --checkpoint-impl non-reentrant (or auto), or "
+                                 "--grad-checkpointing full")
     _choice("attention", job.attention, ATTENTIONS)
     _choice("quantize", job.quantize, QUANTIZE)
     if job.task is not None:

@@ -8,8 +8,8 @@ import argparse
 from dataclasses import replace
 
 from ..errors import TrainplanError
-from ..spec import (ATTENTIONS, CHECKPOINTING, OFFLOADS, OPTIMIZERS, PRECISIONS, STRATEGIES,
-                    TASKS, Job, Lora, load_job, validate)
+from ..spec import (ATTENTIONS, CHECKPOINT_IMPLS, CHECKPOINTING, OFFLOADS, OPTIMIZERS, PRECISIONS,
+                    STRATEGIES, TASKS, Job, Lora, load_job, validate)
 
 
 def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) -> None:
@@ -29,6 +29,9 @@ def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) ->
     g.add_argument("--precision", help="|".join(PRECISIONS))
     g.add_argument("--optimizer", help="|".join(OPTIMIZERS))
     g.add_argument("--grad-checkpointing", choices=CHECKPOINTING)
+    g.add_argument("--checkpoint-impl", choices=CHECKPOINT_IMPLS,
+                   help="torch.utils.checkpoint's use_reentrant (auto: reentrant for QLoRA, as "
+                        "peft sets it up; non-reentrant otherwise, as transformers 5 does)")
     g.add_argument("--attention", choices=ATTENTIONS)
     g.add_argument("--lora-rank", type=int)
     g.add_argument("--lora-alpha", type=float)
@@ -41,7 +44,8 @@ def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) ->
 _MAP = {"gpu": "gpu", "gpus": "gpus", "strategy": "strategy", "offload": "offload",
         "batch_size": "batch_size", "grad_accum": "grad_accum", "seq_len": "seq_len",
         "image_size": "image_size", "precision": "precision", "optimizer": "optimizer",
-        "grad_checkpointing": "grad_checkpointing", "attention": "attention",
+        "grad_checkpointing": "grad_checkpointing", "checkpoint_impl": "checkpoint_impl",
+        "attention": "attention",
         "quantize": "quantize", "channels_last": "channels_last", "task": "task"}
 
 

@@ -85,7 +85,8 @@ def build_on_device(job: Job, sem: KernelSemantics, dev: torch.device) -> tuple[
     _init_adapters(model)
     _dequantize_for_real(model)
     model.train()
-    blocks = apply_checkpointing(model, job.grad_checkpointing)
+    blocks = apply_checkpointing(model, job.grad_checkpointing,
+                                 reentrant=job.reentrant_checkpointing)
     if sem.channels_last:
         model.to(memory_format=torch.channels_last)
     return bundle, blocks

@@ -10,14 +10,13 @@ import csv
 import functools
 import importlib
 import json
-import sys
 from importlib import resources
 from pathlib import Path
 
 import torch
 
 from ..errors import TrainplanError, unknown
-from . import ModelBundle, loss_from_output
+from . import ModelBundle, hf_import, loss_from_output
 
 TASK_CLASSES = {
     "causal-lm": "AutoModelForCausalLM",
@@ -82,26 +81,8 @@ def _family_module(model_type: str, kind: str):
     return importlib.import_module(f"transformers.models.{name}.{kind}_{name}")
 
 
-def _hide_torchvision() -> None:
-    """Tell transformers torchvision is absent, unless something already imported it.
-
-    transformers imports torchvision only for image *processing* (image_utils, at the first model
-    import); model definitions, ViT and CLIP included, need none of it. Importing it costs about
-    0.5 s, and the torchvision wheel beside a CPU torch may be a CUDA build that cannot load (see
-    vision.import_torchvision). A later `timm:`/`torchvision:` model still imports it normally.
-    """
-    if "torchvision" in sys.modules or "transformers.image_utils" in sys.modules:
-        return
-    import transformers.utils as tu
-    from transformers.utils import import_utils
-
-    def absent() -> bool:
-        return False
-    tu.is_torchvision_available = import_utils.is_torchvision_available = absent
-
-
 def make_config(cfg: dict):
-    _hide_torchvision()
+    hf_import.prepare()
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     model_type = cfg.get("model_type")
     if model_type not in CONFIG_MAPPING_NAMES:

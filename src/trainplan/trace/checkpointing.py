@@ -2,13 +2,20 @@
 
 Blocks are found generically: among module classes that contain parameterised layers and occur at
 least twice, the one holding the most parameters, outermost instances only (transformer layers, ResNet bottlenecks, ViT blocks).
-Each block's forward is wrapped in `torch.utils.checkpoint.checkpoint(use_reentrant=False)`:
+Each block's forward is wrapped in `torch.utils.checkpoint.checkpoint`, non-reentrant unless the
+job says otherwise (Job.reentrant_checkpointing):
 
 * full: only the block's inputs are kept; everything inside is recomputed in backward
   (Korthikanti et al. 2022: 2sbh per layer remains for a transformer, the layer input);
 * selective: PyTorch's selective activation checkpointing keeps the outputs of matmuls and
   attention kernels and recomputes the cheap pointwise ops, norms and dropout (the policy
   torchtitan calls "op" SAC).
+
+Reentrant checkpointing runs the block's forward without autograd, so nothing an autograd
+Function stores on its ctx outlives the forward (bitsandbytes' MatMul4Bit keeps its input there).
+It passes keyword arguments by closure, as transformers' GradientCheckpointingLayer does, and,
+like peft's `enable_input_require_grads`, makes the first block's input require a gradient:
+without that no block output would, and the adapters inside would get no gradient.
 """
 from __future__ import annotations
 
@@ -88,7 +95,8 @@ def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return best[2]
 
 
-def apply_checkpointing(model: nn.Module, mode: str, recompute_context=None) -> list[str]:
+def apply_checkpointing(model: nn.Module, mode: str, recompute_context=None,
+                        reentrant: bool = False) -> list[str]:
     """Wrap each block's forward. `recompute_context()`, if given, is entered around the
     backward's rerun of a block (the tracer restores its kernel semantics and autocast state
     there, as torch.utils.checkpoint restores CUDA autocast)."""
@@ -113,6 +121,10 @@ def apply_checkpointing(model: nn.Module, mode: str, recompute_context=None) -> 
         def wrapped(*args, __run=run, __ctx=ctx, **kwargs):
             if not torch.is_grad_enabled():
                 return __run(*args, **kwargs)
+            if reentrant:
+                _input_requires_grad(args)
+                return checkpoint(functools.partial(__run, **kwargs), *args, use_reentrant=True,
+                                  preserve_rng_state=False)
             kw = {"use_reentrant": False, "preserve_rng_state": False}
             if __ctx is not None:
                 kw["context_fn"] = __ctx
@@ -120,3 +132,11 @@ def apply_checkpointing(model: nn.Module, mode: str, recompute_context=None) -> 
 
         block.forward = wrapped
     return [n for n, _ in blocks]
+
+
+def _input_requires_grad(args) -> None:
+    """peft's enable_input_require_grads, at the block: a floating input that is a leaf without
+    a gradient (the frozen embedding's output) is made to require one."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    if tensors and not any(t.requires_grad for t in tensors) and tensors[0].grad_fn is None:
+        tensors[0].requires_grad_(True)

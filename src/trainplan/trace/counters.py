@@ -22,6 +22,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
@@ -114,6 +116,33 @@ def _causal_fraction(s_q: int, s_k: int, block: int) -> float:
 METADATA_OPS = frozenset({torch.ops.prim.device.default, torch.ops.aten._local_scalar_dense.default,
                           torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
                           torch.ops.aten.sym_numel.default})
+
+_DEVICE = torch.ops.prim.device.default
+_ITEM = torch.ops.aten._local_scalar_dense.default
+
+
+def _inplace_foreach(func) -> bool:
+    """`aten._foreach_<op>_` overloads: update every tensor of a list in place, return nothing.
+
+    They change no tensor's metadata and allocate nothing, so the fake device has nothing to
+    compute for them; its per-op cache key alone hashes every tensor of the list (an AdamW step
+    over BERT-large's 390 parameters issues a dozen such ops).
+    """
+    cached = _INPLACE_FOREACH.get(func)
+    if cached is None:
+        name = func._schema.name.split("::")[-1]
+        cached = _INPLACE_FOREACH[func] = (name.startswith("_foreach_") and name.endswith("_")
+                                           and not func._schema.returns)
+    return cached
+
+
+_INPLACE_FOREACH: dict = {}
+
+
+def _only_fake(tensors) -> bool:
+    """True when every tensor is fake and none mirrors a real constant (an optimizer's step
+    count, read back with .item()): real tensors and constants must see their update."""
+    return all(isinstance(t, FakeTensor) and t.constant is None for t in tensors)
 
 
 class StepCounter(TorchDispatchMode):
@@ -246,8 +275,20 @@ class StepCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in METADATA_OPS:  # Python-side queries (t.device, .item()): no kernel, no memory
+            if func is _DEVICE:  # answered from the fake tensor, as FakeTensorMode would
+                device = getattr(args[0], "fake_device", None)
+                if device is not None:
+                    return device
+            elif func is _ITEM:  # .item() of a fake tensor mirroring a real constant
+                constant = getattr(args[0], "constant", None)
+                if constant is not None:
+                    with no_dispatch():  # a real tensor: read it without re-entering the modes
+                        return constant.item()
             return func(*args, **kwargs)
-        out = func(*args, **kwargs)
+        if _inplace_foreach(func) and _only_fake(args[0]):
+            out = None  # see _inplace_foreach: nothing to compute on the fake device
+        else:
+            out = func(*args, **kwargs)
         packet = func._overloadpacket
         outs = _tensors(out)
         for t in outs:
@@ -256,8 +297,9 @@ class StepCounter(TorchDispatchMode):
             self.timeline.append((self.phase, self.live))
             return out
         ins = _tensors(args) + _tensors(tuple(kwargs.values()))
+        written = outs if out is not None or not _inplace_foreach(func) else _tensors(args[0])
         nbytes = sum(t.numel() * t.element_size() for t in ins) + \
-            sum(t.numel() * t.element_size() for t in outs)
+            sum(t.numel() * t.element_size() for t in written)
         flops = self._flops(func, args, kwargs, out)
         dtype = next((str(t.dtype) for t in ins if t.is_floating_point()), "")
         mod = self._module()

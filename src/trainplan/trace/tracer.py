@@ -184,6 +184,9 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     return total + _packed_param_count(model), trainable
 
 
+_traced_before = False  # set once this process has traced a step
+
+
 def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
                extra_mode=None) -> Trace:
     """Trace one optimizer step of `job` at micro-batch `batch_size` (default job.batch_size).
@@ -216,7 +219,8 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
             tracker.recomputing = False
             sem.clear_cast_cache()
 
-    blocks = apply_checkpointing(model, job.grad_checkpointing, recompute_context)
+    blocks = apply_checkpointing(model, job.grad_checkpointing, recompute_context,
+                                 reentrant=job.reentrant_checkpointing)
     if semantics.channels_last:
         model.to(memory_format=torch.channels_last)
     tracker = _Tracker()
@@ -224,7 +228,10 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     activation_bytes = weight_cast_bytes = 0
     act_by_module: dict[str, int] = {}
-    gc.collect()
+    global _traced_before
+    if _traced_before:  # free an earlier step's cyclic garbage before freezing what is live
+        gc.collect()
+    _traced_before = True
     gc.disable()  # cyclic garbage is collected at phase ends, so peaks do not depend on GC timing
     gc.freeze()   # ...and those collections scan only the step's objects, not torch's millions
     try:
@@ -391,18 +398,31 @@ def _module_rows(model, counter: StepCounter, act_by_module: dict[str, int]) -> 
         f = fl.setdefault(name, [0.0, 0.0])
         f[0] += st.flops_forward
         f[1] += st.flops_backward
+    acts_in, fwd_in, bwd_in = _subtree_sums(acts), _subtree_sums({k: v[0] for k, v in fl.items()}), \
+        _subtree_sums({k: v[1] for k, v in fl.items()})
     rows = []
     for name, mod in model.named_modules():
         ps = {id(p): p for p in mod.parameters()}
         params = sum(p.numel() for p in ps.values())
         trainable = sum(p.numel() for p in ps.values() if p.requires_grad)
-        prefix = name + "." if name else ""
-        a = sum(v for k, v in acts.items() if k == name or k.startswith(prefix) or not name)
-        f0 = sum(v[0] for k, v in fl.items() if k == name or k.startswith(prefix) or not name)
-        f1 = sum(v[1] for k, v in fl.items() if k == name or k.startswith(prefix) or not name)
         rows.append(ModuleRow(name or "(total)", name.count(".") + 1 if name else 0, params,
-                              trainable, a, f0, f1))
+                              trainable, acts_in.get(name, 0), fwd_in.get(name, 0.0),
+                              bwd_in.get(name, 0.0)))
     return rows
+
+
+def _subtree_sums(values: dict[str, float]) -> dict[str, float]:
+    """Each dotted module name's value plus its descendants' ("" is the root, holding all)."""
+    out: dict[str, float] = {}
+    for name, v in values.items():
+        out[""] = out.get("", 0) + v
+        if not name:
+            continue
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            key = ".".join(parts[:i])
+            out[key] = out.get(key, 0) + v
+    return out
 
 
 def _downsample(timeline: list[tuple[str, int]], n: int = 1500) -> list[tuple[str, int]]:
