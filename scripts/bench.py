@@ -7,7 +7,6 @@ table of transformers' model modules, see trainplan.models.hf_import); it is rep
 """
 import argparse
 import os
-import resource
 import subprocess
 import sys
 import tempfile

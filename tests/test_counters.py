@@ -41,6 +41,6 @@ def test_adamw_steps_on_fake_tensors_advance_and_are_counted():
 
 
 def test_subtree_sums_add_each_module_to_its_ancestors():
-    sums = _subtree_sums({"": 1, "enc": 2, "enc.layer.0": 3, "enc.layer.10": 5, "head": 7})
+    sums = _subtree_sums({"": 1, "enc": 2, "enc.layer.0": 3, "enc.layer.10": 5, "head": 7}.items())
     assert sums == {"": 18, "enc": 10, "enc.layer": 8, "enc.layer.0": 3, "enc.layer.10": 5,
                     "head": 7}

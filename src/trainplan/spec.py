@@ -88,7 +88,8 @@ class Job:
 
     @property
     def reentrant_checkpointing(self) -> bool:
-        """Whether checkpointed blocks use `torch.utils.checkpoint(use_reentrant=True)`.
+        """Whether checkpointed blocks use `torch.utils.checkpoint(use_reentrant=True)` (False
+        when nothing is checkpointed).
 
         "auto" follows the framework that sets a job like this up. QLoRA jobs are prepared by
         peft's `prepare_model_for_kbit_training`, which passes no `use_reentrant`, so torch's
@@ -96,6 +97,8 @@ class Job:
         forward runs without autograd). transformers >= 5, torchtitan, timm and accelerate's FSDP
         checkpoint non-reentrantly, which lets bitsandbytes keep every quantised layer's input.
         """
+        if self.grad_checkpointing == "none":
+            return False
         if self.checkpoint_impl == "auto":
             return self.quantize != "none" and self.grad_checkpointing == "full"
         return self.checkpoint_impl == "reentrant"

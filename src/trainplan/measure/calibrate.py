@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import TrainplanError
-from .records import now_iso, trainplan_home
+from ..paths import trainplan_home
+from .records import now_iso
 
 SCHEMA = "trainplan.calibration/1"
 UNMEASURED_TERMS = ("communication", "data_wait")   # a one-device synthetic run has neither

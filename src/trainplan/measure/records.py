@@ -27,12 +27,12 @@ Records live in `$TRAINPLAN_HOME/measurements.jsonl` (default ~/.local/share/tra
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, fields, is_dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import TrainplanError
+from ..paths import trainplan_home
 from ..spec import Job, job_from_dict, validate
 
 SCHEMA = "trainplan.measurement/1"
@@ -44,12 +44,6 @@ REQUIRED_MEASURED = ("step_time_s", "step_times_s", "samples_per_s", "peak_alloc
                      "peak_reserved_bytes", "device_used_bytes", "peak_rss_bytes")
 REQUIRED_PREDICTED = ("step_time_s", "device_step_time_s", "peak_allocated_bytes",
                       "peak_reserved_bytes", "device_used_bytes")
-
-
-def trainplan_home() -> Path:
-    """Where trainplan keeps measurements and calibrations: $TRAINPLAN_HOME, else
-    ~/.local/share/trainplan (the XDG data directory)."""
-    return Path(os.environ.get("TRAINPLAN_HOME") or "~/.local/share/trainplan").expanduser()
 
 
 def default_records_path() -> Path:

@@ -22,7 +22,8 @@ import importlib.abc
 import os
 import pickle
 import sys
-from pathlib import Path
+
+from ..paths import cache_dir
 
 _IMPORT_UTILS = "transformers.utils.import_utils"
 _CACHE_VERSION = 1
@@ -34,13 +35,6 @@ def prepare() -> None:
                                                      for f in sys.meta_path):
         sys.meta_path.insert(0, _ScanCacheFinder())
     _hide_torchvision()
-
-
-def cache_dir() -> Path:
-    """$TRAINPLAN_HOME/cache if set, else $XDG_CACHE_HOME/trainplan (default ~/.cache/trainplan)."""
-    if os.environ.get("TRAINPLAN_HOME"):
-        return Path(os.environ["TRAINPLAN_HOME"]).expanduser() / "cache"
-    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "trainplan"
 
 
 class _ScanCacheFinder(importlib.abc.MetaPathFinder):

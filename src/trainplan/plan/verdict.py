@@ -58,9 +58,7 @@ def assess(platform, job, cfg, changes: list[str], sessions, storage, cost, step
                            f"{p.devices} device(s) = {glob} per step (target {target})"))
     items.append(CheckItem("info", f"precision {cfg.job.precision}, strategy {cfg.job.strategy}, "
                                    f"{cfg.job.grad_checkpointing} activation checkpointing"
-                                   + (" (reentrant)"
-                                      if cfg.job.grad_checkpointing != "none"
-                                      and cfg.job.reentrant_checkpointing else "")))
+                                   + (" (reentrant)" if cfg.job.reentrant_checkpointing else "")))
     if cfg.host_ok is None:
         items.append(CheckItem("info", f"host RAM: needs {fmt_bytes(m.host_ram_bytes)}; the platform's "
                                        "RAM is not in the catalog"))

@@ -135,8 +135,8 @@ def apply_checkpointing(model: nn.Module, mode: str, recompute_context=None,
 
 
 def _input_requires_grad(args) -> None:
-    """peft's enable_input_require_grads, at the block: a floating input that is a leaf without
-    a gradient (the frozen embedding's output) is made to require one."""
+    """peft's enable_input_require_grads, at the block: when no floating input requires a
+    gradient (the frozen embedding's output), the first is made to."""
     tensors = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
-    if tensors and not any(t.requires_grad for t in tensors) and tensors[0].grad_fn is None:
+    if tensors and not any(t.requires_grad for t in tensors):
         tensors[0].requires_grad_(True)

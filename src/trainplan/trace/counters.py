@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from collections import defaultdict
@@ -121,6 +122,7 @@ _DEVICE = torch.ops.prim.device.default
 _ITEM = torch.ops.aten._local_scalar_dense.default
 
 
+@functools.cache
 def _inplace_foreach(func) -> bool:
     """`aten._foreach_<op>_` overloads: update every tensor of a list in place, return nothing.
 
@@ -128,15 +130,8 @@ def _inplace_foreach(func) -> bool:
     compute for them; its per-op cache key alone hashes every tensor of the list (an AdamW step
     over BERT-large's 390 parameters issues a dozen such ops).
     """
-    cached = _INPLACE_FOREACH.get(func)
-    if cached is None:
-        name = func._schema.name.split("::")[-1]
-        cached = _INPLACE_FOREACH[func] = (name.startswith("_foreach_") and name.endswith("_")
-                                           and not func._schema.returns)
-    return cached
-
-
-_INPLACE_FOREACH: dict = {}
+    name = func._schema.name.split("::")[-1]
+    return name.startswith("_foreach_") and name.endswith("_") and not func._schema.returns
 
 
 def _only_fake(tensors) -> bool:
@@ -285,7 +280,8 @@ class StepCounter(TorchDispatchMode):
                     with no_dispatch():  # a real tensor: read it without re-entering the modes
                         return constant.item()
             return func(*args, **kwargs)
-        if _inplace_foreach(func) and _only_fake(args[0]):
+        inplace = _inplace_foreach(func)
+        if inplace and _only_fake(args[0]):
             out = None  # see _inplace_foreach: nothing to compute on the fake device
         else:
             out = func(*args, **kwargs)
@@ -297,7 +293,7 @@ class StepCounter(TorchDispatchMode):
             self.timeline.append((self.phase, self.live))
             return out
         ins = _tensors(args) + _tensors(tuple(kwargs.values()))
-        written = outs if out is not None or not _inplace_foreach(func) else _tensors(args[0])
+        written = _tensors(args[0]) if inplace else outs  # in place: the list is what is written
         nbytes = sum(t.numel() * t.element_size() for t in ins) + \
             sum(t.numel() * t.element_size() for t in written)
         flops = self._flops(func, args, kwargs, out)

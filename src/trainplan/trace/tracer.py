@@ -387,19 +387,13 @@ def _packed_param_count(model) -> int:
 
 def _module_rows(model, counter: StepCounter, act_by_module: dict[str, int]) -> list[ModuleRow]:
     """Per-module table; tracker names are '<RootClass>.<qualified name>'."""
-    root = type(model).__name__
-    acts: dict[str, int] = {}
-    for full, nbytes in act_by_module.items():
-        name = full[len(root) + 1:] if full.startswith(root + ".") else ""
-        acts[name] = acts.get(name, 0) + nbytes
-    fl = {}
-    for full, st in counter.modules.items():
-        name = full[len(root) + 1:] if full.startswith(root + ".") else ""
-        f = fl.setdefault(name, [0.0, 0.0])
-        f[0] += st.flops_forward
-        f[1] += st.flops_backward
-    acts_in, fwd_in, bwd_in = _subtree_sums(acts), _subtree_sums({k: v[0] for k, v in fl.items()}), \
-        _subtree_sums({k: v[1] for k, v in fl.items()})
+    root = type(model).__name__ + "."
+
+    def local(full: str) -> str:
+        return full[len(root):] if full.startswith(root) else ""
+    acts_in = _subtree_sums((local(k), v) for k, v in act_by_module.items())
+    fwd_in = _subtree_sums((local(k), st.flops_forward) for k, st in counter.modules.items())
+    bwd_in = _subtree_sums((local(k), st.flops_backward) for k, st in counter.modules.items())
     rows = []
     for name, mod in model.named_modules():
         ps = {id(p): p for p in mod.parameters()}
@@ -411,10 +405,11 @@ def _module_rows(model, counter: StepCounter, act_by_module: dict[str, int]) -> 
     return rows
 
 
-def _subtree_sums(values: dict[str, float]) -> dict[str, float]:
-    """Each dotted module name's value plus its descendants' ("" is the root, holding all)."""
+def _subtree_sums(values) -> dict[str, float]:
+    """Sum (dotted module name, value) pairs over each name and its ancestors ("" is the root,
+    holding all)."""
     out: dict[str, float] = {}
-    for name, v in values.items():
+    for name, v in values:
         out[""] = out.get("", 0) + v
         if not name:
             continue
