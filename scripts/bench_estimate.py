@@ -1,11 +1,11 @@
 """Time estimates of one job on every catalog accelerator, once the job is traced.
 
 A job is traced once per distinct kernel semantics (attention backend, autocast dtype); every
-accelerator with the same semantics reuses that trace (Analyzer caches traces, timing.summarize
+accelerator with the same semantics reuses that trace (predict.Traces caches them, timing.summarize
 caches the op table on the trace). This script reports, per job:
 
     trace      wall time of the traces the sweep needs (one per distinct semantics)
-    estimate   Analyzer.estimate(accel, with_max_batch=False) on every accelerator, traces warm
+    estimate   predict.evaluate(job, accel) on every accelerator, traces warm
     time only  timing.estimate_step_time on every accelerator (the step-time model alone)
 
     PYTHONPATH=src python scripts/bench_estimate.py [--repeat 3]
@@ -39,23 +39,23 @@ def load(spec: dict):
 def bench(label: str, job, repeat: int) -> dict:
     from trainplan.accelerators import load_accelerators
     from trainplan.errors import TrainplanError
-    from trainplan.estimate import Analyzer, semantics_for
-    from trainplan.timing import estimate_step_time
+    from trainplan.predict import Traces, evaluate, semantics_for
+    from trainplan.predict.timing import estimate_step_time
     accels = list(load_accelerators().values())
-    an = Analyzer(job)
+    traces = Traces()
     t0 = time.perf_counter()
     sems = {}
     for a in accels:
         sem = semantics_for(job, a)
         if sem.key() not in sems:
-            sems[sem.key()] = an.trace(sem, job.batch_size)
+            sems[sem.key()] = traces.exact(job, sem, job.batch_size)
     t_trace = time.perf_counter() - t0
     best_est, best_time, skipped = float("inf"), float("inf"), []
     for _ in range(repeat):
         t0 = time.perf_counter()
         for a in accels:
             try:
-                an.estimate(a, with_max_batch=False)
+                evaluate(job, a, traces=traces)
             except TrainplanError as e:       # impossible combination (e.g. bnb on a TPU)
                 skipped.append(f"{a.id}: {str(e).splitlines()[0]}")
         best_est = min(best_est, time.perf_counter() - t0)

@@ -16,21 +16,20 @@ CMD = ["trainplan", "plan", "examples/graphmer-se.yaml", "--platforms", "all"]
 
 
 def split_in_process() -> str:
-    from trainplan.estimate import Analyzer
     from trainplan.plan import Planner, make_plan, select_platforms
+    from trainplan.predict.traces import Traces
     from trainplan.spec import load_job, validate
 
     traced = {"s": 0.0}
-    orig = Analyzer.trace
+    orig = Traces.exact
 
-    def timed(self, sem, batch):
+    def timed(self, job, sem, batch):
         t0 = time.perf_counter()
         try:
-            return orig(self, sem, batch)
+            return orig(self, job, sem, batch)
         finally:
             traced["s"] += time.perf_counter() - t0
 
-    from trainplan.plan.traces import Traces
     orig_prefetch = Traces.prefetch
 
     def timed_prefetch(self, requests):   # traces run in forked workers (trace/parallel.py)
@@ -40,7 +39,7 @@ def split_in_process() -> str:
         finally:
             traced["s"] += time.perf_counter() - t0
 
-    Analyzer.trace = timed
+    Traces.exact = timed
     Traces.prefetch = timed_prefetch
     try:
         job = validate(load_job("examples/graphmer-se.yaml"))
@@ -50,7 +49,7 @@ def split_in_process() -> str:
         plan = make_plan(job, platforms, planner=planner)
         total = time.perf_counter() - t0
     finally:
-        Analyzer.trace = orig
+        Traces.exact = orig
         Traces.prefetch = orig_prefetch
     return (f"in-process: {len(plan.platforms)} platforms, {planner.traces.traced} traces, "
             f"{total:.2f} s = {traced['s']:.2f} s tracing + {total - traced['s']:.2f} s planning; "

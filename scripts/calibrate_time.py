@@ -300,14 +300,14 @@ def make_job(r: dict, gpus: int = 1, strategy: str = "single", accum: int = 1):
 
 def _trace_one(r: dict):
     import torch
-    from trainplan.timing import summarize
+    from trainplan.predict.timing import summarize
     from trainplan.trace.semantics import KernelSemantics
     from trainplan.trace.tracer import trace_step
     try:
         job = make_job(r)
         if "argv" in r:
             from trainplan.accelerators import get_accelerator
-            from trainplan.estimate import semantics_for
+            from trainplan.predict.target import semantics_for
             sem = semantics_for(job, get_accelerator(r["gpu"]))
         else:
             dt = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}.get(r["precision"])
@@ -345,7 +345,7 @@ def load_tables(rows: list[dict], refresh: bool = False) -> dict:
 
 def predict(r: dict, tables: dict, params: dict) -> float | None:
     from trainplan.accelerators import get_accelerator
-    from trainplan.timing import OpTable, estimate_step_time
+    from trainplan.predict.timing import OpTable, estimate_step_time
     d = tables.get(trace_key(r))
     if d is None or "error" in d:
         return None

@@ -322,11 +322,11 @@ def trace_case(case: Case):
     """The traced step of the case's job on its accelerator's kernels (ops dropped)."""
     import dataclasses
     from trainplan.accelerators import get_accelerator
-    from trainplan.estimate import semantics_for
+    from trainplan.predict.target import semantics_for
     from trainplan.trace.tracer import trace_step
     job = make_job(case.job)
     tr = trace_step(job, semantics_for(job, get_accelerator(case.accel)))
-    from trainplan.memory import SOFTMAX_OPS   # the only ops the memory model reads
+    from trainplan.predict.memory import SOFTMAX_OPS   # the only ops the memory model reads
     return dataclasses.replace(tr, ops=[r for r in tr.ops if r.name in SOFTMAX_OPS], timeline=[])
 
 
@@ -334,7 +334,7 @@ def estimate(case: Case, tr, capacity_bytes: int | None = None) -> dict:
     """The memory model on a traced step: three figures, fit and breakdown."""
     import dataclasses
     from trainplan.accelerators import get_accelerator
-    from trainplan.memory import estimate_memory, runtime
+    from trainplan.predict.memory import estimate_memory, runtime
     accel = get_accelerator(case.accel)
     if capacity_bytes:
         accel = dataclasses.replace(accel, usable_memory_bytes=capacity_bytes)

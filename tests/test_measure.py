@@ -17,7 +17,9 @@ import torch
 
 from trainplan.cli.main import main
 from trainplan.errors import TrainplanError
-from trainplan.estimate import Analyzer, to_json
+from trainplan.estimate import estimate, to_json
+from trainplan.measure.calibrate import user_calibration
+from trainplan.predict import evaluate
 from trainplan.measure import calibrate as cal
 from trainplan.measure.device import match_accelerator
 from trainplan.measure.records import (SCHEMA, check_record, job_from_record, job_to_dict,
@@ -83,7 +85,7 @@ def test_record_is_valid_and_reads_back(measured):
 
 def test_prediction_in_record_is_trainplans(measured):
     rec, _, job = measured
-    est = Analyzer(job.with_(gpu="t4")).estimate(get_accelerator("t4"), with_max_batch=False)
+    est = estimate(job.with_(gpu="t4"), get_accelerator("t4"), user_calibration(), with_max_batch=False)
     p = rec["predicted"]
     assert p["peak_allocated_bytes"] == est.memory.peak_allocated_bytes
     assert p["device_used_bytes"] == est.memory.device_used_bytes
@@ -144,12 +146,12 @@ def test_calibration_changes_only_its_accelerator(measured, home, tmp_path):
     path, kept = cal.save(fitted)
     assert path == home / "calibration.json" and kept == []
 
-    an = Analyzer(job.with_(gpu="t4"))
+    jt = job.with_(gpu="t4")
     f = fitted["t4"].step_time_factor
     for acc in ("t4", "a100"):
         accel = get_accelerator(acc)
-        raw = an.estimate(accel, with_max_batch=False, measured_calibration=False).time
-        got = an.estimate(accel, with_max_batch=False)
+        raw = evaluate(jt, accel).time
+        got = estimate(jt, accel, user_calibration(), with_max_batch=False)
         if acc == "t4":
             device_s = raw.step_time_s - raw.breakdown_s["communication"] - raw.breakdown_s["data_wait"]
             assert got.time.step_time_s == pytest.approx(raw.step_time_s + (f - 1) * device_s)
@@ -168,13 +170,12 @@ def test_estimate_report_says_calibrated(measured, capsys):
     rec, out, job = measured
     assert main(["calibrate", "--records", str(out)]) == 0
     date = rec["timestamp"][:10]
-    an = Analyzer(job)
     capsys.readouterr()
-    estimate_text(an.estimate(get_accelerator("t4"), with_max_batch=False))
+    estimate_text(estimate(job, get_accelerator("t4"), user_calibration(), with_max_batch=False))
     text = " ".join(capsys.readouterr().out.split())
-    assert f"calibrated on 1 measurement from {date}" in text
-    estimate_text(an.estimate(get_accelerator("l4"), with_max_batch=False))
-    assert "calibrated" not in capsys.readouterr().out
+    assert f"calibrated on 1 of your measurements of t4 ({date} to {date}" in text
+    estimate_text(estimate(job, get_accelerator("l4"), user_calibration(), with_max_batch=False))
+    assert "no measurements of l4" in " ".join(capsys.readouterr().out.split())
 
 
 def test_calibrate_cli_show_merge_reset(measured, home, tmp_path, capsys):
@@ -300,9 +301,10 @@ def test_broken_calibration_file_is_one_clear_error(home, measured):
     home.mkdir(parents=True, exist_ok=True)
     (home / "calibration.json").write_text("{not json")
     with pytest.raises(TrainplanError, match="calibrate --reset"):
-        Analyzer(job).estimate(get_accelerator("t4"), with_max_batch=False)
+        estimate(job, get_accelerator("t4"), user_calibration(), with_max_batch=False)
     assert main(["calibrate", "--reset"]) == 0
-    assert Analyzer(job).estimate(get_accelerator("t4"), with_max_batch=False).time is not None
+    assert estimate(job, get_accelerator("t4"), user_calibration(),
+                    with_max_batch=False).time is not None
 
 
 def test_job_round_trips_through_a_record():

@@ -12,8 +12,8 @@ import pytest
 
 from conftest import tiny_job, trace
 from trainplan.accelerators import get_accelerator
-from trainplan.allocator import replay, replay_within
-from trainplan.memory import (estimate_memory, framework_overhead_bytes,
+from trainplan.predict.allocator import replay, replay_within
+from trainplan.predict.memory import (estimate_memory, framework_overhead_bytes,
                               largest_trainable_tensor_bytes, runtime, softmax_input_bytes)
 from trainplan.spec import Lora
 
@@ -156,7 +156,7 @@ def test_torch1_runtime_keeps_gradients_and_loops_the_optimizer(fp32_trace):
     d = job.transformer
     biggest = max(d.vocab_size, d.max_position_embeddings, d.ffn) * d.hidden_size
     assert largest_trainable_tensor_bytes(tr) == 4 * biggest   # the learned position table
-    from trainplan.memory import _transform
+    from trainplan.predict.memory import _transform
     loop = _transform(tr.phase_peaks["optimizer"][1], job, tr, "optimizer", old)
     assert loop["temporaries"] == int(opt_tmp * share)
     assert framework_overhead_bytes(A100, old) == 1343 * MiB       # V100 eager load, HF doc
@@ -170,7 +170,7 @@ def test_allocator_releases_cached_segments_before_oom():
     under a 120 MiB limit the free segments are released and 82 MiB is the most ever reserved;
     under 60 MiB the step cannot run."""
     ev = [(1, 30 * MiB), (2, 12 * MiB), (1, -1), (3, 40 * MiB), (2, -1), (4, 40 * MiB)]
-    assert replay(ev) == (80 * MiB, 122 * MiB)
+    assert replay(ev)[:2] == (80 * MiB, 122 * MiB)
     assert replay_within(ev, 120 * MiB) == (82 * MiB, False)
     assert replay_within(ev, 60 * MiB)[1] is True
 
@@ -215,7 +215,7 @@ def test_torch110_keeps_every_softmax_input():
     assert rerun == 0
     old, new = runtime("torch1.10"), runtime("torch1.12")
     fwd = tr.phase_peaks["forward"][1]
-    from trainplan.memory import _transform
+    from trainplan.predict.memory import _transform
     assert (_transform(fwd, job, tr, "forward", old)["activations"]
             - _transform(fwd, job, tr, "forward", new)["activations"]) == saved
     ck = trace(job.with_(grad_checkpointing="full"), attention="eager")

@@ -3,6 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from trainplan.strategy import parse as parse_strategy
 from trainplan.plan import cost, storage
 from trainplan.platforms import get_platform
 
@@ -57,10 +58,10 @@ def test_checkpoint_is_weights_plus_state_or_adapters_only():
 
 
 def test_files_per_checkpoint_and_limits():
-    assert storage.files_per_checkpoint("ddp", 2) == 1
-    assert storage.files_per_checkpoint("zero3", 1) == 1
-    assert storage.files_per_checkpoint("zero2", 2) == 4        # 2 optimizer shards + model + tag
-    assert storage.files_per_checkpoint("zero3", 2) == 5        # 2 x (model + optimizer) + tag
+    assert storage.files_per_checkpoint(parse_strategy("ddp"), 2) == 1
+    assert storage.files_per_checkpoint(parse_strategy("zero3"), 1) == 1
+    assert storage.files_per_checkpoint(parse_strategy("zero2"), 2) == 4        # 2 optimizer shards + model + tag
+    assert storage.files_per_checkpoint(parse_strategy("zero3"), 2) == 5        # 2 x (model + optimizer) + tag
     assert storage.checkpoints_that_fit(1_655_534_592, 20_000_000_000) == 12
     assert storage.checkpoints_that_fit(1, None) is None
     assert storage.checkpoints_within_file_limit(5, 500) == 100

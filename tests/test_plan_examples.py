@@ -30,14 +30,17 @@ def test_graphmer_example_plans_the_seeds_three_platforms(graphmer):
 
 
 def test_graphmer_fits_everywhere_only_with_smaller_micro_batches(graphmer):
-    # micro-batch 32 needs ~28 GiB on a T4 (traced), so no platform runs the seed config as is
+    # micro-batch 32 needs ~28 GiB on a T4 (traced), so no platform runs the seed config as is;
+    # on the T4s, micro-batch 16 per device runs in 14.8 of 15.0 GiB once the caching allocator
+    # gives its cached blocks back (predict/memory.py, required_bytes): no accumulation
     _job, _planner, _platforms, plan = graphmer
     by = {p.platform_id: p for p in plan.platforms}
     for p in plan.platforms:
         assert p.verdict == "READY WITH CHANGES" and p.fits
         assert p.micro_batch_size * p.grad_accum * p.devices == 32
     t4 = by["kaggle-t4x2"]
-    assert (t4.strategy, t4.devices, t4.micro_batch_size, t4.grad_accum) == ("ddp", 2, 8, 2)
+    assert (t4.strategy, t4.devices, t4.micro_batch_size, t4.grad_accum) == ("ddp", 2, 16, 1)
+    assert t4.max_micro_batch_size == 16 and t4.required_bytes <= t4.capacity_bytes
     assert any("DDP" in c for c in t4.changes)
     local = by["local-rtx-3050"]
     assert (local.micro_batch_size, local.grad_accum) == (4, 8)

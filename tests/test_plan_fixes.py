@@ -7,7 +7,11 @@ from trainplan.accelerators import get_accelerator
 from trainplan.plan import make_plan, select_platforms
 from trainplan.plan import fixes
 from trainplan.plan.fixes import Skip, Step
+from trainplan.errors import TrainplanError
+from trainplan.precision import FP16, FP16_AMP
+from trainplan.predict import compat
 from trainplan.spec import Lora
+from trainplan.strategy import ZERO3
 
 T4, A100, V5E = (get_accelerator(a) for a in ("t4", "a100-sxm4-40gb", "tpu-v5e-8"))
 
@@ -21,19 +25,30 @@ def test_mixed_precision_rung_picks_what_the_device_supports():
 
 
 def test_bf16_job_on_a_t4_becomes_fp16_before_anything_else():
-    job, changes = fixes.compatibility(tiny_job(precision="bf16-amp"), T4)
-    assert job.precision == "fp16-amp" and "no bf16" in changes[0]
-    job, changes = fixes.compatibility(tiny_job(precision="bf16-amp"), A100)
+    job, changes = compat.adapt(tiny_job(precision="bf16-amp"), T4)
+    assert job.precision is FP16_AMP and "no bf16" in changes[0]
+    job, changes = compat.adapt(tiny_job(precision="bf16"), T4)        # pure stays pure
+    assert job.precision is FP16
+    job, changes = compat.adapt(tiny_job(precision="bf16-amp"), A100)
     assert job.precision == "bf16-amp" and changes == []
 
 
-def test_cuda_only_rungs_are_skipped_on_a_tpu_with_the_reason():
-    job = tiny_job(model="hf:openai-community/gpt2", transformer=None, lora=Lora(rank=4))
+def test_cuda_only_rungs_are_refused_on_a_tpu_with_the_reason():
+    """The rungs propose; the one compatibility table (predict/compat.py) says what the target
+    cannot run, with the same message `estimate` gives."""
+    job = tiny_job(model="hf:openai-community/gpt2", transformer=None, lora=Lora(rank=4),
+                   gpus=1)
     for rung in (fixes.optimizer_8bit, fixes.qlora, fixes._offload("optimizer")):
         r = rung(job, V5E, 8)
-        assert isinstance(r, Skip) and ("CUDA" in r.reason or "DeepSpeed" in r.reason), r
-    assert isinstance(fixes._sharding("zero3")(job, A100, 1), Skip)      # one device: nothing to shard
-    assert isinstance(fixes._sharding("zero3")(job, A100, 2), Step)
+        assert isinstance(r, Step), r
+        broken = compat.violation(r.job, V5E)
+        assert broken is not None and ("CUDA" in broken.message or "DeepSpeed" in broken.message)
+        with pytest.raises(TrainplanError, match=broken.message.split(" (")[0][:20]):
+            compat.check(r.job, V5E)
+    one = fixes._sharding(ZERO3)(job, A100, 1)
+    assert compat.violation(one.job, A100).message.endswith("on one device shards nothing.")
+    two = fixes._sharding(ZERO3)(job.with_(gpus=2), A100, 2)
+    assert isinstance(two, Step) and compat.violation(two.job, A100) is None
 
 
 def test_lora_only_for_pretrained_models():

@@ -13,7 +13,7 @@ from trainplan.cli.main import main
 from trainplan.dataprobe import batch_samples, probe
 from trainplan.errors import TrainplanError
 from trainplan.spec import Job, validate
-from trainplan.timing import input_pipeline
+from trainplan.predict.timing import input_pipeline
 
 SLEEP_S = 0.002          # per sample: one worker can deliver at most 500 samples/s
 

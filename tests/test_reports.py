@@ -16,7 +16,8 @@ from plan_examples import TINY
 from trainplan.cli.main import main
 from trainplan.plan import Planner, make_plan, select_platforms
 from trainplan.report import charts
-from trainplan.report.plan_document import curve_batches, document, report_extras, resolve
+from trainplan.plan.extras import curve_batches, plan_extras
+from trainplan.report.plan_document import document, resolve
 from trainplan.report.plan_html import plan_html
 from trainplan.report.plan_markdown import SECTIONS, plan_markdown
 from trainplan.report.plan_rich import plan_rich, tracing_progress
@@ -41,7 +42,7 @@ def planned(job_file):
     platforms = select_platforms(PLATFORMS)
     planner = Planner(job)
     plan = make_plan(job, platforms, planner=planner)
-    return plan, report_extras(plan, platforms, planner)
+    return plan, plan_extras(plan, platforms, planner)
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +187,7 @@ UNIT_SUFFIXES = ("_bytes", "_s", "_usd", "_per_s", "_per_hour", "_per_h", "_per_
                  "_per_session", "_hours", "_weeks")
 # Dimensionless numbers (counts, ratios): the only numeric keys without a unit in their name.
 COUNTS = {"accelerator_count", "batch_size", "micro_batch_size", "planned_micro_batch_size",
+          "max_micro_batch_size", "measurements",
           "per_device_batch", "global_batch_size", "target_batch", "grad_accum", "devices",
           "cpu_cores", "steps", "checkpoint_every_steps", "sessions", "rank", "seq_len",
           "image_size", "lora_rank", "params_total", "params_trainable", "files_per_checkpoint",
@@ -211,7 +213,9 @@ def test_json_numbers_carry_their_unit_in_the_key(doc):
 
 
 def test_json_keys_are_stable(doc):
-    assert list(doc)[0] == "schema_version" and doc["schema_version"] == "1.0"
+    assert list(doc)[0] == "schema_version" and doc["schema_version"] == "1.1"
+    assert {"max_micro_batch_size", "required_bytes", "precision_label", "strategy_label",
+            "calibration"} <= set(doc["platforms"][0])
     assert set(doc) == {"schema_version", "job", "steps", "steps_source", "epochs", "dataset_size",
                         "target_batch", "optimize", "budget_usd", "deadline_s", "platforms",
                         "winner", "recommendation", "assumptions", "notes",

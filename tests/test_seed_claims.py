@@ -11,9 +11,9 @@ import math
 import pytest
 
 from trainplan.accelerators import get_accelerator
-from trainplan.estimate import semantics_for
+from trainplan.predict.target import semantics_for
 from trainplan.plan.storage import checkpoint_parts
-from trainplan.plan.traces import Traces
+from trainplan.predict.traces import Traces
 from trainplan.spec import load_job, validate
 
 GiB = 2**30

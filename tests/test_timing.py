@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from trainplan.accelerators import get_accelerator
+from trainplan.precision import FP16_AMP
 from trainplan.spec import Job, validate
-from trainplan.timing import (NODE_NIC_BYTES_PER_S, OpTable, collective_s, estimate_step_time,
+from trainplan.predict.timing import (NODE_NIC_BYTES_PER_S, OpTable, collective_s, estimate_step_time,
                               link_fraction, load_efficiency, op_times, summarize)
 from trainplan.trace.semantics import KernelSemantics
 from trainplan.trace.tracer import trace_step
@@ -153,22 +154,22 @@ def test_op_time_is_a_roofline():
     p = load_efficiency()
     a = get_accelerator("a100")
     # a big fp16 matmul: compute-bound, at most the measured matmul ceiling of the peak
-    t, cb = op_times(_table(1e13, 1e8), a, "fp16-amp", p)
+    t, cb = op_times(_table(1e13, 1e8), a, FP16_AMP, p)
     assert cb[0] and 1e13 / t[0] <= 0.87 * a.fp16_tensor_flops
     assert 1e13 / t[0] > 0.5 * a.fp16_tensor_flops
     # an elementwise op: memory-bound, never faster than the bandwidth allows
-    t, cb = op_times(_table(0, 4e9, family=2, name="add"), a, "fp16-amp", p)
+    t, cb = op_times(_table(0, 4e9, family=2, name="add"), a, FP16_AMP, p)
     assert not cb[0] and 4e9 / t[0] <= a.memory_bandwidth_bytes_per_s
     # a depthwise convolution runs on CUDA cores: slower than the same FLOPs on tensor cores
     dense, _ = op_times(_table(1e12, 1e6, name="convolution", group_channels=64), a,
-                        "fp16-amp", p)
-    dw, _ = op_times(_table(1e12, 1e6, name="convolution", group_channels=1), a, "fp16-amp", p)
+                        FP16_AMP, p)
+    dw, _ = op_times(_table(1e12, 1e6, name="convolution", group_channels=1), a, FP16_AMP, p)
     assert dw[0] > dense[0]
     # NCHW tensor-core convolutions pay cuDNN's layout transposes; depthwise ones do not
     nchw = _table(1e6, 4e9, name="convolution", group_channels=64)
     nchw.meta["channels_last"] = False
-    assert op_times(nchw, a, "fp16-amp", p)[0][0] > op_times(
-        _table(1e6, 4e9, name="convolution", group_channels=64), a, "fp16-amp", p)[0][0]
+    assert op_times(nchw, a, FP16_AMP, p)[0][0] > op_times(
+        _table(1e6, 4e9, name="convolution", group_channels=64), a, FP16_AMP, p)[0][0]
 
 
 def test_optimizer_step_is_memory_bound_over_states():

@@ -19,22 +19,22 @@ from typing import Any
 
 import yaml
 
+from . import precision as prec_mod
+from . import strategy as strat_mod
 from .errors import TrainplanError, close_matches
 from .models.reference import TransformerDims
+from .precision import FP32, Precision
+from .strategy import DDP, SINGLE, Strategy
 
-PRECISIONS = ("fp32", "tf32", "fp16-amp", "bf16-amp", "fp16", "bf16")
+PRECISIONS = prec_mod.NAMES
+STRATEGIES = strat_mod.NAMES
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit", "lion")
-STRATEGIES = ("single", "dp", "ddp", "fsdp", "zero1", "zero2", "zero3")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 CHECKPOINTING = ("none", "full", "selective")
 CHECKPOINT_IMPLS = ("auto", "reentrant", "non-reentrant")
 ATTENTIONS = ("auto", "eager", "sdpa", "flash", "efficient", "math")
 QUANTIZE = ("none", "nf4", "int8")
 TASKS = ("causal-lm", "masked-lm", "seq-classification", "seq2seq", "image-classification")
-
-_PRECISION_ALIASES = {"fp16": "fp16-amp", "amp": "fp16-amp", "bf16": "bf16-amp",
-                      "no": "fp32", "none": "fp32", "float32": "fp32"}
-
 
 @dataclass(frozen=True)
 class Lora:
@@ -58,7 +58,7 @@ class Job:
     grad_accum: int = 1
     seq_len: int | None = None
     image_size: int | None = None
-    precision: str = "fp32"
+    precision: Precision = FP32          # parsed from any spelling on construction
     optimizer: str = "adamw"
     grad_checkpointing: str = "none"
     checkpoint_impl: str = "auto"       # torch.utils.checkpoint's use_reentrant; see below
@@ -69,7 +69,7 @@ class Job:
     frozen: tuple[str, ...] = ()         # module-name prefixes whose parameters are frozen
     gpu: str | None = None
     gpus: int = 1
-    strategy: str = "single"
+    strategy: Strategy = SINGLE          # parsed from any spelling on construction
     offload: str = "none"
     num_workers: int | None = None
     samples_per_s_per_worker: float | None = None
@@ -81,6 +81,11 @@ class Job:
     session_overhead_s: float | None = None
     base_dir: Path | None = None
     notes: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        """Precision and strategy are parsed here, once, whatever spelling built the job."""
+        object.__setattr__(self, "precision", prec_mod.parse(self.precision))
+        object.__setattr__(self, "strategy", strat_mod.parse(self.strategy))
 
     @property
     def model_label(self) -> str:
@@ -183,11 +188,8 @@ def _dims_from(d: dict, where: str) -> TransformerDims:
     return dims
 
 
-def job_from_dict(data: dict, node=None, source: str = "job", base_dir: Path | None = None) -> Job:
-    """Flat keys (as the CLI flags) or the seeds' nested shape -> Job (not yet validated)."""
-    data = dict(data)
-    kw: dict[str, Any] = {}
-    notes: list[str] = []
+def _model_keys(data: dict, kw: dict, notes: list[str], source: str) -> None:
+    """`model:` as a name, as `{source|name}`, or as the seeds' transformer dimensions."""
     model = data.pop("model", None)
     if isinstance(model, dict):
         if "source" in model or "name" in model:
@@ -204,16 +206,19 @@ def job_from_dict(data: dict, node=None, source: str = "job", base_dir: Path | N
         kw["model"] = str(model)
     if "transformer" in data:
         kw["transformer"] = _dims_from(data.pop("transformer"), f"{source}: transformer")
-    # the seeds' nested shape
+
+
+def _seed_sections(data: dict, kw: dict, source: str) -> None:
+    """The seeds' nested sections: training_data, run, optimizer, checkpointing, hardware."""
     td = data.pop("training_data", None) or {}
     if "max_seq_len" in td:
         kw["seq_len"] = td["max_seq_len"]
     if "micro_batch_size" in td:
         kw["batch_size"] = td["micro_batch_size"]
     run = data.pop("run", None) or {}
-    if "mixed_precision" in run:
-        mp = str(run["mixed_precision"]).lower()
-        kw["precision"] = _PRECISION_ALIASES.get(mp, mp)
+    if "mixed_precision" in run:     # accelerate's meaning: fp16 is mixed precision (precision.py)
+        kw["precision"] = prec_mod.parse(run["mixed_precision"], mixed=True,
+                                         where=f"{source}: run: mixed_precision")
     if "gradient_accumulation_steps" in run:
         kw["grad_accum"] = run["gradient_accumulation_steps"]
     if "steps" in run or "max_steps" in run:
@@ -234,22 +239,25 @@ def job_from_dict(data: dict, node=None, source: str = "job", base_dir: Path | N
     hw = data.pop("hardware", None) or {}
     if "num_workers" in hw:
         kw["num_workers"] = hw["num_workers"]
-    lora = data.pop("lora", None)
-    if lora is not None:
-        if not isinstance(lora, dict):
-            raise TrainplanError(f"{source}: lora must be a mapping {{rank, alpha, targets}}.")
-        targets = lora.get("targets", "q,v")
-        if isinstance(targets, list):
-            targets = ",".join(map(str, targets))
-        kw["lora"] = Lora(rank=int(lora.get("rank", 16)), alpha=float(lora.get("alpha", 32)),
-                          targets=str(targets), dropout=float(lora.get("dropout", 0.05)))
+
+
+def _lora(lora, source: str) -> Lora:
+    if not isinstance(lora, dict):
+        raise TrainplanError(f"{source}: lora must be a mapping {{rank, alpha, targets}}.")
+    targets = lora.get("targets", "q,v")
+    if isinstance(targets, list):
+        targets = ",".join(map(str, targets))
+    return Lora(rank=int(lora.get("rank", 16)), alpha=float(lora.get("alpha", 32)),
+                targets=str(targets), dropout=float(lora.get("dropout", 0.05)))
+
+
+def _flat_keys(data: dict, kw: dict, notes: list[str]) -> None:
+    """Our own flat keys (the CLI flags' names); the seeds' descriptive sections are dropped."""
     for k in list(data):
         key = k.replace("-", "_")
         if key in _FIELDS:
             v = data.pop(k)
-            if key in ("platforms", "frozen") and isinstance(v, list):
-                v = tuple(v)
-            if key == "inputs" and isinstance(v, list):
+            if key in ("platforms", "frozen", "inputs") and isinstance(v, list):
                 v = tuple(v)
             kw[key] = v
         elif k == "notes":   # the job file's own notes (a string or a list): shown with results
@@ -257,6 +265,19 @@ def job_from_dict(data: dict, node=None, source: str = "job", base_dir: Path | N
             notes.extend([str(v)] if isinstance(v, str) else [str(x) for x in v or ()])
         elif k in _SEED_KEYS or k in ("objectives", "encoding", "regularizers", "description"):
             data.pop(k)
+
+
+def job_from_dict(data: dict, node=None, source: str = "job", base_dir: Path | None = None) -> Job:
+    """Flat keys (as the CLI flags) or the seeds' nested shape -> Job (not yet validated)."""
+    data = dict(data)
+    kw: dict[str, Any] = {}
+    notes: list[str] = []
+    _model_keys(data, kw, notes, source)
+    _seed_sections(data, kw, source)
+    if data.get("lora") is not None:
+        kw["lora"] = _lora(data.pop("lora"), source)
+    data.pop("lora", None)
+    _flat_keys(data, kw, notes)
     if data:
         k = next(iter(data))
         line = _line_of(node, k)
@@ -295,14 +316,10 @@ def _positive_int(name: str, value, allow_none=False) -> None:
 
 def validate(job: Job) -> Job:
     """Check every setting; normalise aliases. Raises TrainplanError naming the bad setting."""
-    prec = _PRECISION_ALIASES.get(job.precision, job.precision) if job.precision in (
-        "amp", "no", "none", "float32") else job.precision
-    job = job.with_(precision=prec, optimizer=str(job.optimizer).lower().replace("_", "-"))
+    job = job.with_(optimizer=str(job.optimizer).lower().replace("_", "-"))
     if job.optimizer in ("adamw8bit", "adam8bit", "8bit-adamw", "adamw-bnb-8bit"):
         job = job.with_(optimizer="adamw-8bit")
-    _choice("precision", job.precision, PRECISIONS)
     _choice("optimizer", job.optimizer, OPTIMIZERS)
-    _choice("strategy", job.strategy, STRATEGIES)
     _choice("offload", job.offload, OFFLOADS)
     _choice("grad_checkpointing", job.grad_checkpointing, CHECKPOINTING)
     _choice("checkpoint_impl", job.checkpoint_impl, CHECKPOINT_IMPLS)
@@ -326,8 +343,8 @@ def validate(job: Job) -> Job:
     if job.lora is not None:
         if job.lora.rank < 1:
             raise TrainplanError(f"--lora-rank must be >= 1, got {job.lora.rank}.")
-    if job.strategy in ("single",) and job.gpus > 1:
-        job = job.with_(strategy="ddp")
+    if job.strategy is SINGLE and job.gpus > 1:
+        job = job.with_(strategy=DDP)
     if job.model.startswith("py:") and not job.inputs:
         from .models.custom import parse_input_spec
         parse_input_spec(job.inputs)  # raises the explanatory error

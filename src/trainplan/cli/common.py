@@ -8,6 +8,7 @@ import argparse
 from dataclasses import replace
 
 from ..errors import TrainplanError
+from ..strategy import SINGLE
 from ..spec import (ATTENTIONS, CHECKPOINT_IMPLS, CHECKPOINTING, OFFLOADS, OPTIMIZERS, PRECISIONS,
                     STRATEGIES, TASKS, Job, Lora, load_job, validate)
 
@@ -62,7 +63,7 @@ def job_from_args(args: argparse.Namespace, job_file: str | None = None) -> Job:
         v = getattr(args, a, None)
         if v is not None:
             kw[f] = v
-    if kw.get("gpus") and kw["gpus"] > 1 and "strategy" not in kw and job.strategy == "single":
+    if kw.get("gpus") and kw["gpus"] > 1 and "strategy" not in kw and job.strategy is SINGLE:
         kw["strategy"] = "ddp"
     if args.lora_rank is not None or args.lora_targets is not None or args.lora_alpha is not None:
         base = job.lora or Lora()

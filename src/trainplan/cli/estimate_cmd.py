@@ -6,7 +6,8 @@ import json
 
 from ..accelerators import get_accelerator
 from ..errors import TrainplanError
-from ..estimate import Analyzer, to_json
+from ..estimate import estimate, to_json
+from ..measure.calibrate import user_calibration
 from .common import add_job_flags, job_from_args
 
 
@@ -25,7 +26,7 @@ def estimate_command(args: argparse.Namespace) -> int:
         raise TrainplanError("estimate needs an accelerator.",
                              fix="add --gpu ID (list them with `trainplan catalog`)")
     accel = get_accelerator(job.gpu)
-    est = Analyzer(job).estimate(accel)
+    est = estimate(job, accel, user_calibration())
     if args.format == "json":
         print(json.dumps(to_json(est), indent=2))
     else:

@@ -5,7 +5,7 @@ import argparse
 import json
 
 from ..accelerators import get_accelerator
-from ..estimate import semantics_for
+from ..predict.target import semantics_for
 from ..trace.semantics import KernelSemantics
 from ..trace.tracer import trace_step
 from .common import add_job_flags, job_from_args

@@ -82,15 +82,18 @@ def plan_command(args: argparse.Namespace) -> int:
         ids = []
     platforms = select_platforms(ids, args.platforms_file)
     # --- reports (issue 6): progress on stderr, extras for md/json/html, then the output ---
+    from ..measure.calibrate import user_calibration
     from ..plan import Planner
-    from ..report.plan_output import emit_plan, extras_for, report_format
+    from ..plan.extras import plan_extras
+    from ..report.plan_output import emit_plan, needs_curves, report_format
     from ..report.plan_rich import tracing_progress
     report_format(args.report)             # a bad extension fails before the tracing
     with tracing_progress() as progress:
-        planner = Planner(job, progress=progress)
+        planner = Planner(job, progress=progress, calibration=user_calibration())
         plan = make_plan(job, platforms, optimize=args.optimize, budget_usd=args.budget,
                          deadline_s=args.deadline * 3600 if args.deadline is not None else None,
                          planner=planner)
-        extras = extras_for(plan, platforms, planner, args.format, args.report)
+        curves = needs_curves(args.format, args.report)
+        extras = plan_extras(plan, platforms, planner if curves else None)
     emit_plan(plan, extras, args.format, args.report)
     return 0

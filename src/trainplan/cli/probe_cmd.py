@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..errors import TrainplanError
+from ..strategy import DDP, SINGLE
 from ..units import fmt_seconds
 from .common import add_job_flags, job_from_args
 
@@ -78,8 +79,8 @@ def probe_command(args: argparse.Namespace) -> int:
 def _estimate_with(args, job_file, rate: float) -> dict:
     """Step time of the job with the measured rate: does the accelerator wait for data?"""
     from ..accelerators import get_accelerator
-    from ..estimate import Analyzer, semantics_for
-    from ..timing import estimate_step_time, input_pipeline
+    from ..predict import Traces, semantics_for
+    from ..predict.timing import estimate_step_time, input_pipeline
     job = job_from_args(args, job_file)
     cores = None
     gpu = job.gpu
@@ -89,7 +90,7 @@ def _estimate_with(args, job_file, rate: float) -> dict:
         cores, gpu = plat.cpu_cores, plat.accelerator_id
         if job.gpus == 1 and plat.accelerator_count > 1 and not args.gpus:
             job = job.with_(gpus=plat.accelerator_count,
-                            strategy="ddp" if job.strategy == "single" else job.strategy)
+                            strategy=DDP if job.strategy is SINGLE else job.strategy)
     if not gpu:
         raise TrainplanError("probe-data with a model needs an accelerator.",
                              fix="add --gpu ID or --platform ID (trainplan catalog)")
@@ -98,7 +99,7 @@ def _estimate_with(args, job_file, rate: float) -> dict:
         kw["num_workers"] = args.num_workers
     job = job.with_(**kw)
     accel = get_accelerator(gpu)
-    tr = Analyzer(job).trace(semantics_for(job, accel), job.batch_size)
+    tr = Traces().exact(job, semantics_for(job, accel), job.batch_size)
     st = estimate_step_time(tr, accel, job, cpu_cores=cores)
     pipe = input_pipeline(job, st.n_devices, accel, cores)
     return {"accelerator": accel.id, "devices": st.n_devices, "step_time_s": st.step_time_s,

@@ -6,17 +6,18 @@
     runner.py       `trainplan measure`: build the job's model for real and run N steps
     hooks.py        `record(job)`: the same record from a user's own training loop
     hf_callback.py  `TrainplanCallback`: the same record from a transformers Trainer
-    calibrate.py    per-accelerator step-time correction fitted on records, applied to estimates
+    calibrate.py    per-accelerator step-time correction fitted on records; `user_calibration()`
+                    hands it to the prediction core as an argument (the CLI does)
 
-Exports are imported on first use (`trainplan.measure.record`), so `estimate.py` can read a
-calibration without importing the runner.
+Exports are imported on first use (`trainplan.measure.record`), so the CLI can read a calibration
+without importing the runner.
 """
 from __future__ import annotations
 
 import importlib
 
 _EXPORTS = {"record": "hooks", "Recording": "hooks", "TrainplanCallback": "hf_callback",
-            "run_measurement": "runner", "fit": "calibrate", "apply_calibration": "calibrate"}
+            "run_measurement": "runner", "fit": "calibrate", "user_calibration": "calibrate"}
 __all__ = sorted(_EXPORTS)
 
 

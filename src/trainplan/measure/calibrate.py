@@ -1,4 +1,5 @@
-"""Per-accelerator step-time correction from measured runs, and applying it to predictions.
+"""Per-accelerator step-time correction from measured runs: fitted and stored here, applied by the
+prediction core (predict/calibration.py), which gets it as an argument (`user_calibration`).
 
 The step-time model (timing.py) has one set of fitted efficiencies for every accelerator. A
 machine the user measured can do better: for each accelerator with records,
@@ -13,9 +14,8 @@ prediction for that accelerator only:
     step' = step + (factor - 1) x (step - communication - data_wait)
 
 throughput scales by step / step' and MFU with it. Communication and data wait are not measured
-and stay as predicted (a data wait that overlaps compute is not re-derived). The calibrated
-StepTime carries `calibration` = {step_time_factor, measurements, first, last, ...}, which
-`to_json` emits and the text report states ("calibrated on N measurements from DATE").
+and stay as predicted. The calibrated StepTime carries `calibration` = {step_time_factor,
+measurements, first, last, ...}, which `estimate.to_json` emits and every report states.
 
 The calibration file is `$TRAINPLAN_HOME/calibration.json`, schema "trainplan.calibration/1":
 {"schema", "updated", "accelerators": {id: {step_time_factor, measurements, first, last,
@@ -23,7 +23,6 @@ ratio_min, ratio_max, ratios, records}}}.
 """
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import statistics
@@ -32,10 +31,10 @@ from pathlib import Path
 
 from ..errors import TrainplanError
 from ..paths import trainplan_home
+from ..predict.calibration import UNMEASURED_TERMS  # noqa: F401  (re-exported for measure/)
 from .records import now_iso
 
 SCHEMA = "trainplan.calibration/1"
-UNMEASURED_TERMS = ("communication", "data_wait")   # a one-device synthetic run has neither
 
 
 @dataclass(frozen=True)
@@ -140,27 +139,11 @@ def reset(path: str | Path | None = None) -> Path | None:
     return None
 
 
-def apply_calibration(t, accel_id: str, path: str | Path | None = None):
-    """`t` (a timing.StepTime) corrected by the stored factor for `accel_id`; `t` itself when
-    that accelerator has no calibration. See the module docstring for the formula."""
-    if t is None:
-        return t
-    cal = load(path).get(accel_id)
-    if cal is None:
-        return t
-    f = cal.step_time_factor
-    parts = dict(t.breakdown_s)
-    device_s = t.step_time_s - sum(parts.get(k, 0.0) for k in UNMEASURED_TERMS)
-    step = t.step_time_s + (f - 1.0) * device_s
-    scale = t.step_time_s / step
-    out = copy.copy(t)
-    out.breakdown_s = {k: (v if k in UNMEASURED_TERMS else v * f) for k, v in parts.items()}
-    out.step_time_s = step
-    out.samples_per_s = t.samples_per_s * scale
-    out.tokens_per_s = t.tokens_per_s * scale if t.tokens_per_s else t.tokens_per_s
-    out.mfu = t.mfu * scale if t.mfu is not None else None
-    out.calibration = {"step_time_factor": f, "measurements": cal.measurements,
-                       "first": cal.first, "last": cal.last,
-                       "uncalibrated_step_time_s": t.step_time_s,
-                       "file": str(Path(path) if path else calibration_path())}
-    return out
+def user_calibration(path: str | Path | None = None):
+    """The stored factors as the prediction core's `Calibration` (predict/calibration.py), which
+    the CLI passes to every prediction; the bundled time model alone when there is no file."""
+    from ..predict.calibration import Calibration, StepTimeFactor
+    where = str(Path(path) if path else calibration_path())
+    factors = {acc: StepTimeFactor(acc, c.step_time_factor, c.measurements, c.first, c.last, where)
+               for acc, c in load(path).items()}
+    return Calibration(factors=factors)

@@ -18,8 +18,10 @@ import torch
 
 from ..accelerators import get_accelerator
 from ..errors import TrainplanError
+from ..strategy import SINGLE
 from ..spec import Job
-from .calibrate import UNMEASURED_TERMS, apply_calibration
+from ..predict.calibration import UNMEASURED_TERMS
+from .calibrate import user_calibration
 from .device import (MemoryProbe, describe_device, library_versions, resolve_accelerator,
                      synchronize)
 from .records import append_record, make_record
@@ -63,7 +65,7 @@ class Predicted:
 
 def check_measurable(job: Job) -> None:
     """A measurement is one process on one device: refuse what it cannot run as predicted."""
-    if job.gpus > 1 or job.strategy not in ("single",):
+    if job.gpus > 1 or job.strategy is not SINGLE:
         raise TrainplanError(
             f"trainplan measure runs one process on one device; this job uses --gpus {job.gpus} "
             f"--strategy {job.strategy}.",
@@ -78,15 +80,15 @@ def check_measurable(job: Job) -> None:
 def predict(job: Job, accel_id: str) -> Predicted:
     """trainplan's prediction of `job` on catalog accelerator `accel_id`, without the stored
     calibration (what `trainplan calibrate` fits against) and, separately, with it."""
-    from ..estimate import Analyzer
+    from ..predict import evaluate
     accel = get_accelerator(accel_id)
     pjob = job.with_(gpu=accel.id, samples_per_s_per_worker=None)   # synthetic data: no wait
-    est = Analyzer(pjob).estimate(accel, with_max_batch=False, measured_calibration=False)
+    est = evaluate(pjob, accel)
     t, m, tr = est.time, est.memory, est.trace
     device_s = None
     if t is not None:
         device_s = t.step_time_s - sum(t.breakdown_s.get(k, 0.0) for k in UNMEASURED_TERMS)
-    cal = apply_calibration(t, accel.id) if t is not None else None
+    cal = user_calibration().apply(t, accel.id) if t is not None else None
     cal_info = getattr(cal, "calibration", None)
     return Predicted(
         accelerator=accel.id, step_time_s=t.step_time_s if t else None,

@@ -33,7 +33,9 @@ from pathlib import Path
 
 from ..errors import TrainplanError
 from ..paths import trainplan_home
+from ..precision import Precision
 from ..spec import Job, job_from_dict, validate
+from ..strategy import Strategy
 
 SCHEMA = "trainplan.measurement/1"
 SOURCES = ("measure", "record", "hf-trainer")
@@ -65,7 +67,9 @@ def job_to_dict(job: Job) -> dict:
         v = getattr(job, f.name)
         if v is None or v == ():
             continue
-        if is_dataclass(v):
+        if isinstance(v, (Precision, Strategy)):
+            v = v.name
+        elif is_dataclass(v):
             v = asdict(v)
         elif isinstance(v, tuple):
             v = [dict(x) if isinstance(x, dict) else x for x in v]

@@ -27,14 +27,14 @@ from torch.overrides import TorchFunctionMode
 
 from ..accelerators import get_accelerator
 from ..errors import TrainplanError
-from ..estimate import semantics_for
+from ..predict.target import semantics_for
 from ..models import ModelBundle, build_model
 from ..models.lora import LoraEmbedding, LoraLinear, QuantizedWeight, QuantLinear
 from ..spec import Job
 from ..trace.checkpointing import apply_checkpointing
 from ..trace.optimizers import build_optimizer
 from ..trace.semantics import KernelSemantics, attention_backend_for
-from ..trace.tracer import AMP, HALF, prepare_model
+from ..trace.tracer import autocast_dtype, prepare_model
 from .device import describe_device, resolve_accelerator, resolve_device
 from .recorder import Recorder, check_measurable
 
@@ -64,7 +64,7 @@ def local_semantics(job: Job, dev: torch.device, accel_id: str | None) -> Kernel
         cc = major + minor / 10
     return KernelSemantics(attention=attention_backend_for(cc, job.attention)
                            if dev.type == "cuda" else "math",
-                           autocast_dtype=AMP.get(job.precision),
+                           autocast_dtype=autocast_dtype(job.precision),
                            channels_last=bool(job.channels_last))
 
 
@@ -125,7 +125,7 @@ def precision_switches(job: Job, dev: torch.device):
         yield {}
         return
     old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    tf32 = job.precision == "tf32"
+    tf32 = job.precision.compute == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = True
     try:
@@ -150,7 +150,7 @@ def make_inputs(job: Job, bundle: ModelBundle, dev: torch.device, sem: KernelSem
     pure fp16/bf16 jobs (a real loop casts them; the tracer's fake kernels do not check)."""
     with torch.device(dev):
         inputs = bundle.make_inputs(job.batch_size)
-    half = HALF.get(job.precision)
+    half = getattr(torch, job.precision.stored) if job.precision.pure_half else None
     out = {}
     for k, v in inputs.items():
         if isinstance(v, torch.Tensor):
@@ -186,7 +186,7 @@ def run_measurement(job: Job, steps: int = 10, warmup: int = 3, device: str | No
         raise TrainplanError(f"{bundle.name} has no trainable parameter in this job.",
                              fix="unfreeze something, or add LoRA adapters")
     opt = build_optimizer(job.optimizer, params)
-    amp = AMP.get(job.precision)
+    amp = autocast_dtype(job.precision)
     scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 and dev.type == "cuda" else None
     inputs = make_inputs(job, bundle, dev, sem)
     fwd = {k: v for k, v in inputs.items() if not k.startswith("_")}

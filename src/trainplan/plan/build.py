@@ -5,15 +5,18 @@ accumulation, and if the device memory does not hold it, climb the fix ladder (f
 fits but misses the deadline, try the speed rungs. Then sessions, quota, checkpoints, cost, the
 verdict and checklist (verdict.py), and finally the ranking (rank.py).
 
-Traces are shared: the first pass traces, per kernel semantics, the extreme per-device batches
-all platforms need; platforms that must accumulate gradients get a second shared pass at
-micro-batches 1 and P - 1; everything between is interpolated.
+Traces are shared: the first pass traces, per kernel semantics, the per-device batches all
+platforms need; platforms that must accumulate gradients share the largest-micro-batch search's
+anchors (predict/evaluate.py), traced together on all cores. Each platform also reports the
+largest micro-batch that fits its accelerator with the plan's accumulation: the same search, the
+same answer `trainplan estimate` gives for that job there.
 """
 from __future__ import annotations
 
 from ..errors import TrainplanError, unknown
 from ..platforms import Platform, load_platforms
 from .fixes import SPEED_LADDER
+from ..predict import MAX_MICRO_BATCH
 from .planner import Config, Planner, platform_job, steps_for
 from .rank import rank, tier
 from .result import OPTIMIZE, JobSummary, Plan, PlatformPlan
@@ -44,7 +47,8 @@ def _summary(job, cfg: Config | None) -> JobSummary:
     return JobSummary(model=job.model, name=job.model_label,
                       params_total=tr.params_total if tr else None,
                       params_trainable=tr.params_trainable if tr else None,
-                      precision=job.precision, optimizer=job.optimizer, strategy=job.strategy,
+                      precision=job.precision.name, precision_label=job.precision.label,
+                      optimizer=job.optimizer, strategy=job.strategy.name,
                       batch_size=job.batch_size, grad_accum=job.grad_accum, seq_len=job.seq_len,
                       image_size=job.image_size, lora_rank=job.lora.rank if job.lora else None,
                       quantize=job.quantize, grad_checkpointing=job.grad_checkpointing)
@@ -84,14 +88,19 @@ def plan_platform(planner: Planner, platform: Platform, jp, base_changes: list[s
     verdict, checklist, fail = assess(platform, job, cfg, changes, sessions, storage, cost, steps,
                                       deadline_s, budget_usd, planner.target_batch)
     t, m = cfg.time, cfg.memory
+    largest = None if cfg.evaluation.blocked else planner.largest(
+        cfg.job, platform, accumulate=cfg.grad_accum > 1, limit=MAX_MICRO_BATCH)
     return PlatformPlan(
         platform_id=platform.id, name=platform.name, provider=platform.provider,
         accelerator_id=platform.accelerator_id, accelerator_count=platform.accelerator_count,
         devices=platform.devices, status=platform.status,
         retired_on=platform.retired_on or (None if platform.is_current else platform.status_as_of),
-        verdict=verdict, fits=cfg.fits and not fail, strategy=cfg.job.strategy,
-        precision=cfg.job.precision, micro_batch_size=cfg.micro_batch, grad_accum=cfg.grad_accum,
+        verdict=verdict, fits=cfg.fits and not fail, strategy=cfg.job.strategy.name,
+        strategy_label=cfg.job.strategy.label, precision=cfg.job.precision.name,
+        precision_label=cfg.job.precision.label, micro_batch_size=cfg.micro_batch,
+        grad_accum=cfg.grad_accum, max_micro_batch_size=largest,
         global_batch_size=glob, device_used_bytes=m.device_used_bytes,
+        required_bytes=m.required_bytes,
         capacity_bytes=m.capacity_bytes, peak_phase=m.peak_phase,
         memory_breakdown_bytes=dict(m.breakdown_bytes), host_ram_bytes=m.host_ram_bytes,
         platform_ram_bytes=platform.ram_bytes, step_time_s=t.step_time_s if t else None,
@@ -102,7 +111,7 @@ def plan_platform(planner: Planner, platform: Platform, jp, base_changes: list[s
         checklist=checklist, findings=tuple(f.to_dict() for f in cfg.findings),
         within_budget=None if budget_usd is None or cost is None else cost.total_usd <= budget_usd,
         meets_deadline=None if deadline_s is None or sessions is None else sessions.finish_s <= deadline_s,
-        interpolated=cfg.interpolated, reason=fail)
+        interpolated=cfg.interpolated, calibration=cfg.evaluation.calibration, reason=fail)
 
 
 def make_plan(job, platforms: list[Platform], optimize: str = "balanced",
@@ -122,7 +131,7 @@ def make_plan(job, platforms: list[Platform], optimize: str = "balanced",
     if planner is None:
         planner = Planner(job, progress=progress)
     elif planner.job != job:          # another job (steps, batch...): share the traces only
-        planner = Planner(job, traces=planner.traces)
+        planner = Planner(job, traces=planner.traces, calibration=planner.calibration)
     steps, steps_src = steps_for(job, planner.target_batch)
     adapted = [(platform_job(job, p), p) for p in platforms]
     planner.prime([(jp, p) for (jp, _), p in adapted])

@@ -14,13 +14,12 @@ computed, not assumed. Order (cheapest in speed and in how much the training cha
     10 CPU offload of the optimizer state, then 11 of the parameters too (DeepSpeed ZeRO-Offload)
     12 shorter sequences (halved, at most 3 times, not below 64 tokens)
 
-A rung the platform cannot do is never proposed; it is listed in `skipped_fixes` with the reason
-(bf16 on a T4, bitsandbytes on a TPU, sharding over one device). Rungs 6, 7 and 12 change what
-is trained and say so (`changes_training`).
-
-`compatibility()` runs before any of this: it replaces what the accelerator cannot run at all
-(bf16 on a pre-Ampere GPU, FlashAttention-2 below sm80, bitsandbytes or DataParallel on a TPU)
-by the closest thing it can, because the job as written would fail there, not just run out of memory.
+A rung the platform cannot do is never kept; it is listed in `skipped_fixes` with the reason:
+the planner checks every rung's job against the prediction core's compatibility table
+(predict/compat.py: bitsandbytes or offload on a TPU, sharding over one device), the same table
+that adapts the job to the platform before any of this (bf16 on a pre-Ampere GPU,
+FlashAttention-2 below sm80) and gives `estimate` its findings. Rungs 6, 7 and 12 change what is
+trained and say so (`changes_training`).
 """
 from __future__ import annotations
 
@@ -28,7 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..accelerators import Accelerator
+from ..precision import BF16_AMP, FP16_AMP, Precision
 from ..spec import Lora
+from ..strategy import ZERO2, ZERO3, Strategy
 
 MIN_SEQ_LEN = 64
 SEQ_HALVINGS = 3
@@ -63,7 +64,9 @@ def _has_attention(job) -> bool:
 
 
 def _step(rung, title, job, changes_training=False, **kw) -> Step:
-    return Step(rung, title, job.with_(**kw), dict(kw), changes_training)
+    """The rung's job; `setting` names precision and strategy by their canonical spelling."""
+    setting = {k: v.name if isinstance(v, (Precision, Strategy)) else v for k, v in kw.items()}
+    return Step(rung, title, job.with_(**kw), setting, changes_training)
 
 
 def attention(job, accel: Accelerator, devices: int):
@@ -85,29 +88,27 @@ def checkpointing_full(job, accel, devices):
     return _step("checkpointing-full", "full activation checkpointing", job, grad_checkpointing="full")
 
 
-def half_precision_for(accel: Accelerator) -> str | None:
-    """The AMP dtype the accelerator runs fast: bf16 on TPUs and sm80+, fp16 where it has fp16."""
+def half_precision_for(accel: Accelerator) -> Precision | None:
+    """The AMP the accelerator runs fast: bf16 on TPUs and sm80+, fp16 where it has fp16."""
     if accel.kind == "tpu" or accel.supports_bf16:
-        return "bf16-amp"
+        return BF16_AMP
     if accel.fp16_tensor_flops or accel.fp16_nontensor_flops:
-        return "fp16-amp"
+        return FP16_AMP
     return None
 
 
 def precision(job, accel, devices):
-    if job.precision not in ("fp32", "tf32"):
+    if not job.precision.full:
         return None
     amp = half_precision_for(accel)
     if amp is None:
         return Skip("precision", f"{accel.id} has no fast 16-bit arithmetic")
-    return _step("precision", f"mixed precision ({amp.replace('-amp', '')} AMP)", job, precision=amp)
+    return _step("precision", amp.label, job, precision=amp)
 
 
 def optimizer_8bit(job, accel, devices):
     if job.optimizer not in ("adamw", "adam"):
         return None
-    if accel.kind != "gpu":
-        return Skip("optimizer-8bit", f"8-bit AdamW needs bitsandbytes, which is CUDA-only ({accel.id})")
     return _step("optimizer-8bit", "8-bit AdamW (bitsandbytes)", job, optimizer="adamw-8bit")
 
 
@@ -123,21 +124,18 @@ def lora(job, accel, devices):
 def qlora(job, accel, devices):
     if job.lora is None or job.quantize != "none":
         return None
-    if accel.kind != "gpu":
-        return Skip("qlora", f"QLoRA's 4-bit base needs bitsandbytes, which is CUDA-only ({accel.id})")
     return _step("qlora", "QLoRA (4-bit NF4 base weights)", job, changes_training=True, quantize="nf4")
 
 
-def _sharding(stage: str):
+def _sharding(stage: Strategy):
     def rung(job, accel, devices):
-        order = ("single", "dp", "ddp", "zero1", "zero2", "zero3")
-        if job.strategy == "fsdp" or job.strategy not in order or order.index(job.strategy) >= order.index(stage):
+        if job.strategy.order >= stage.order:
             return None
-        if devices <= 1:
-            return Skip(stage, "sharding needs more than one device")
         if accel.kind == "tpu":
-            return Skip(stage, "sharding over TPU cores is not modelled (memory.py shards over GPUs)")
-        return _step(stage, f"ZeRO-{stage[-1]} over the {devices} devices (DeepSpeed)", job, strategy=stage)
+            return Skip(stage.name, "sharding over TPU cores is not modelled (memory.py shards "
+                                    "over GPUs)")
+        return _step(stage.name, f"ZeRO-{stage.order} over the {devices} devices (DeepSpeed)", job,
+                     strategy=stage)
     return rung
 
 
@@ -146,10 +144,8 @@ def _offload(level: str):
         order = ("none", "optimizer", "optimizer+params")
         if order.index(job.offload) >= order.index(level):
             return None
-        if accel.kind != "gpu":
-            return Skip(f"offload-{level.split('+')[-1]}", f"CPU offload is a DeepSpeed (CUDA) feature ({accel.id})")
-        stage = "zero3" if level == "optimizer+params" else (
-            job.strategy if job.strategy in ("zero2", "zero3", "fsdp") else "zero2")
+        stage = ZERO3 if level == "optimizer+params" else (
+            job.strategy if job.strategy.shards_gradients else ZERO2)
         what = "optimizer state" if level == "optimizer" else "optimizer state and parameters"
         return _step(f"offload-{level.split('+')[-1]}", f"CPU offload of the {what} (ZeRO-Offload)",
                      job, offload=level, strategy=stage)
@@ -166,35 +162,7 @@ def seq_len(job, accel, devices):
 Rung = Callable[[object, Accelerator, int], "Step | Skip | None"]
 LADDER: tuple[Rung, ...] = (
     attention, checkpointing_selective, checkpointing_full, precision, optimizer_8bit, lora, qlora,
-    _sharding("zero2"), _sharding("zero3"), _offload("optimizer"), _offload("optimizer+params"),
+    _sharding(ZERO2), _sharding(ZERO3), _offload("optimizer"), _offload("optimizer+params"),
     *(seq_len,) * SEQ_HALVINGS,
 )
-RUNGS = ("micro-batch", "attention", "checkpointing-selective", "checkpointing-full", "precision",
-         "optimizer-8bit", "lora", "qlora", "zero2", "zero3", "offload-optimizer", "offload-params",
-         "seq-len")
 SPEED_LADDER: tuple[Rung, ...] = (precision, attention)
-
-
-def compatibility(job, accel: Accelerator) -> tuple[object, list[str]]:
-    """Replace what `accel` cannot run by its nearest equivalent; returns (job, changes)."""
-    changes = []
-    if accel.kind == "gpu" and job.precision in ("bf16-amp", "bf16") and not accel.supports_bf16:
-        new = "fp16-amp" if job.precision == "bf16-amp" else "fp16"
-        changes.append(f"precision {new} instead of {job.precision} ({accel.id} has no bf16; "
-                       "fp16 needs loss scaling)")
-        job = job.with_(precision=new)
-    if job.attention == "flash" and accel.kind == "gpu" and not accel.flash_attention_2:
-        changes.append(f"attention sdpa instead of flash (FlashAttention-2 needs sm80+, {accel.id} is "
-                       f"sm{accel.compute_capability.replace('.', '')})")
-        job = job.with_(attention="sdpa")
-    if accel.kind == "tpu":
-        if job.quantize != "none":
-            changes.append(f"LoRA in bf16 instead of QLoRA {job.quantize} (bitsandbytes is CUDA-only)")
-            job = job.with_(quantize="none")
-        if job.optimizer == "adamw-8bit":
-            changes.append("AdamW instead of 8-bit AdamW (bitsandbytes is CUDA-only)")
-            job = job.with_(optimizer="adamw")
-        if job.offload != "none":
-            changes.append("no CPU offload (a DeepSpeed feature; not on TPU)")
-            job = job.with_(offload="none")
-    return job, changes

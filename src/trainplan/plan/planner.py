@@ -15,8 +15,8 @@ the job is written. On a platform with d devices each device must process P = ce
 samples per optimizer step. If micro-batch P fits it runs with no accumulation; otherwise the
 largest micro-batch c < P that fits is found and split as b x k with k = ceil(P / b), preferring
 a b that divides P (exact global batch) when one exists in [c/2, c] (8 x 4 rather than 11 x 3 for
-P = 32). Memory grows with b, so the search runs on two traces (b = 1 and b = P - 1, with
-gradients accumulating) and micro-batches between them are interpolated (interpolate.py).
+P = 32). The largest micro-batch is the prediction core's one search (predict/evaluate.py,
+`largest_micro_batch`, capped at P - 1), the same `estimate` runs.
 
 Steps: `steps`, or ceil(epochs x dataset_size / global batch). Time: steps x step time
 (timing.py) plus per-session overhead (sessions.py; the XLA compile time of a TPU step graph is
@@ -24,32 +24,58 @@ paid again every session). Cost: cost.py. Checkpoints: storage.py.
 """
 from __future__ import annotations
 
-import copy
 import math
+from dataclasses import dataclass
 
 from ..accelerators import get_accelerator
 from ..errors import TrainplanError
-from ..estimate import check_compatible, gpu0_findings, semantics_for, step_time
-from ..memory import estimate_memory
 from ..platforms import Platform
+from ..predict import BUNDLED_ONLY, Calibration, Evaluation, Traces, evaluate, largest_micro_batch
+from ..predict import compat
+from ..predict.traces import anchors_for
+from ..predict.target import semantics_for
+from ..strategy import DDP, DP, SINGLE
 from . import cost as cost_mod
 from . import sessions as ses
 from . import storage as sto
-from .fixes import LADDER, SPEED_LADDER, Skip, compatibility
+from .fixes import LADDER, SPEED_LADDER, Skip
 from .result import Fix, Sessions, Storage
-from .traces import Traces, trace_job
 
 MiB = 2**20
 KEEP_MIN_BYTES = 64 * MiB   # a rung that frees less is reported, not kept (it has a cost)
 
 
+@dataclass(frozen=True)
 class Config:
-    """One configuration evaluated on a platform: the job at micro-batch b with k accumulation
-    steps, its trace (or interpolated trace), memory, step time and compatibility findings."""
+    """One configuration on a platform: the prediction core's evaluation of the job at micro-batch
+    b with k accumulation steps, and the platform's host limits."""
 
-    def __init__(self, job, platform: Platform, trace, interpolated: bool, memory, time, findings):
-        self.job, self.platform, self.trace, self.interpolated = job, platform, trace, interpolated
-        self.memory, self.time, self.findings = memory, time, findings
+    evaluation: Evaluation
+    platform: Platform
+
+    @property
+    def job(self):
+        return self.evaluation.job
+
+    @property
+    def trace(self):
+        return self.evaluation.trace
+
+    @property
+    def memory(self):
+        return self.evaluation.memory
+
+    @property
+    def time(self):
+        return self.evaluation.time
+
+    @property
+    def findings(self):
+        return self.evaluation.findings
+
+    @property
+    def interpolated(self) -> bool:
+        return self.evaluation.interpolated
 
     @property
     def micro_batch(self) -> int:
@@ -66,7 +92,7 @@ class Config:
 
     @property
     def device_fits(self) -> bool:
-        return self.memory.fits and not any(f.severity == "error" for f in self.findings)
+        return self.evaluation.fits
 
     @property
     def fits(self) -> bool:
@@ -74,7 +100,8 @@ class Config:
 
     @property
     def used_bytes(self) -> int:
-        return self.memory.device_used_bytes
+        """What the fix ladder compares: the least device memory the step runs in."""
+        return self.memory.required_bytes
 
 
 def job_devices(job) -> int:
@@ -103,31 +130,23 @@ def steps_for(job, global_batch: int) -> tuple[int, str]:
 
 
 def platform_job(job, platform: Platform) -> tuple[object, list[str]]:
-    """The job adapted to the platform's devices (see the module docstring); returns the changes."""
+    """The job adapted to the platform's devices (see the module docstring) and to what its
+    accelerator can run (predict/compat.py); returns the changes."""
     accel = platform.accelerator
     devices, changes = platform.devices, []
     strategy = job.strategy
-    if devices == 1:
-        if strategy in ("dp", "ddp"):
-            if job_devices(job) > 1:
-                changes.append(f"one device: run without {'DataParallel' if strategy == 'dp' else 'DDP'}")
-            strategy = "single"
-        elif strategy in ("zero1", "zero2", "zero3", "fsdp") and job.offload == "none":
-            changes.append(f"single device: {job.strategy} has nothing to shard, planned as one "
-                           "process (strategy single)")
-            strategy = "single"
-    else:
-        if strategy == "single":
-            how = (f"one process per {accel.id} core/chip (torch_xla)" if accel.kind == "tpu" else
-                   f"torchrun --nproc-per-node {devices}")
-            changes.append(f"data parallel (DDP) over the {devices} devices: {how}; the job says single")
-            strategy = "ddp"
-        elif strategy == "dp" and accel.kind == "tpu":
-            changes.append("DDP instead of DataParallel (CUDA-only) over the TPU's devices")
-            strategy = "ddp"
+    if devices == 1 and strategy in (DP, DDP):
+        if job_devices(job) > 1:
+            changes.append(f"one device: run without {strategy.label.split(' (')[0]}")
+        strategy = SINGLE
+    elif devices > 1 and strategy is SINGLE:
+        how = (f"one process per {accel.id} core/chip (torch_xla)" if accel.kind == "tpu" else
+               f"torchrun --nproc-per-node {devices}")
+        changes.append(f"data parallel (DDP) over the {devices} devices: {how}; the job says single")
+        strategy = DDP
     jp = job.with_(gpu=accel.id, gpus=platform.accelerator_count, strategy=strategy)
-    jp, compat = compatibility(jp, accel)
-    return jp, changes + compat
+    jp, compat_changes = compat.adapt(jp, accel)
+    return jp, changes + compat_changes
 
 
 def preferred_micro_batch(largest: int, per_device: int) -> int:
@@ -144,86 +163,57 @@ def preferred_micro_batch(largest: int, per_device: int) -> int:
 class Planner:
     """Plans one job on platforms; traces are shared across platforms and fix-ladder rungs."""
 
-    def __init__(self, job, traces: Traces | None = None, progress=None):
+    def __init__(self, job, traces: Traces | None = None, progress=None,
+                 calibration: Calibration = BUNDLED_ONLY):
         self.job = job
         self.traces = traces or Traces(progress)
+        self.calibration = calibration
         self.target_batch = target_batch(job)
-        self._memory: dict[tuple, object] = {}
         self._configs: dict[tuple, Config] = {}
+        self._largest: dict[tuple, int | None] = {}
 
     # --- one configuration ----------------------------------------------------------------
     def per_device(self, platform: Platform) -> int:
         return max(1, math.ceil(self.target_batch / platform.devices))
 
     def evaluate(self, jv, platform: Platform, batch: int, accum: int) -> Config:
-        accel = platform.accelerator
         jb = jv.with_(batch_size=batch, grad_accum=accum)
-        findings = check_compatible(jb, accel)
-        sem = semantics_for(jb, accel)
-        tr, interp = self.traces.at(jb, sem, batch)
-        mkey = (id(tr), accel.id, jb.gpus, jb.strategy, jb.offload)
-        if mkey not in self._memory:
-            self._memory[mkey] = estimate_memory(tr, accel, jb)
-        mem = self._memory[mkey]
-        time = step_time(tr, accel, jb, cpu_cores=platform.cpu_cores)
-        findings += gpu0_findings(mem)
-        return Config(jb, platform, tr, interp, mem, time, findings)
+        ev = evaluate(jb, platform.accelerator, self.calibration, self.traces,
+                      cpu_cores=platform.cpu_cores, strict=False)
+        return Config(ev, platform)
+
+    def largest(self, jv, platform: Platform, accumulate: bool, limit: int) -> int | None:
+        """The core's largest micro-batch for variant `jv` on the platform's accelerator."""
+        job = jv.with_(grad_accum=2 if accumulate else 1)
+        accel = platform.accelerator
+        key = (repr(job), accel.id, limit)
+        if key not in self._largest:
+            self._largest[key] = largest_micro_batch(job, accel, self.traces, limit)
+        return self._largest[key]
 
     def configure(self, jv, platform: Platform) -> Config:
         """Micro-batch and accumulation for variant `jv` on `platform` (module docstring)."""
-        key = (repr(jv), platform.accelerator_id, platform.accelerator_count, platform.ram_bytes,
-               platform.cpu_cores)
+        key = (repr(jv), platform.accelerator_id, platform.accelerator_count, platform.cpu_cores)
         if key not in self._configs:
             P = self.per_device(platform)
             cfg = self.evaluate(jv, platform, P, 1)
-            if not cfg.fits and P > 1 and not _blocked(cfg):
-                cfg = self._accumulate(jv, platform, P)
+            if not cfg.device_fits and P > 1 and not cfg.evaluation.blocked:
+                b = self.largest(jv, platform, accumulate=True, limit=P - 1)
+                b = preferred_micro_batch(b, P) if b else 1
+                cfg = self.evaluate(jv, platform, b, math.ceil(P / b))
             self._configs[key] = cfg
-        cfg = copy.copy(self._configs[key])   # same hardware, same numbers; this platform's limits
-        cfg.platform = platform
-        return cfg
-
-    def _accumulate(self, jv, platform: Platform, P: int) -> Config:
-        def at(b: int) -> Config:
-            return self.evaluate(jv, platform, b, math.ceil(P / b))
-
-        lo = at(1)
-        if not lo.fits or P == 2:
-            return lo
-        hi_b = P - 1
-        hi = at(hi_b)
-        if hi.fits:
-            best = hi_b
-        else:
-            # memory is affine in b between the two traces: solve, then check by bisection
-            cap = lo.memory.capacity_bytes
-            slope = max(1.0, (hi.used_bytes - lo.used_bytes) / (hi_b - 1))
-            good, bad = 1, hi_b
-            guess = 1 + int((cap - lo.used_bytes) // slope)
-            while bad - good > 1:
-                b = min(max(guess, good + 1), bad - 1)
-                if at(b).fits:
-                    good = b
-                else:
-                    bad = b
-                guess = (good + bad) // 2
-            best = good
-        return at(preferred_micro_batch(best, P))
+        return Config(self._configs[key].evaluation, platform)   # this platform's host limits
 
     def prime(self, jobs_platforms, accumulate: bool = False) -> None:
-        """Trace first what many platforms share, so that what lies between is interpolated: per
-        traced variant and kernel semantics, the smallest and largest per-device batch P
-        (no accumulation), or with `accumulate` micro-batches 1 and the largest P - 1."""
-        groups: dict[tuple, tuple] = {}
+        """Trace at once, on all cores, what many platforms share: per traced variant and kernel
+        semantics, what evaluating the per-device batch P reads (predict/traces.py: the two
+        anchors, or micro-batch 1); with `accumulate`, the anchors with gradients accumulating."""
+        requests = []
         for jv, p in jobs_platforms:
             sem = semantics_for(jv, p.accelerator)
             jt = jv.with_(grad_accum=2 if accumulate else 1)
-            _, _, sizes = groups.setdefault((repr(trace_job(jt)), sem.key()), (jt, sem, set()))
-            P = self.per_device(p)
-            sizes.update((1, P - 1) if accumulate and P > 2 else (1,) if accumulate else (P,))
-        self.traces.prefetch([(jt.with_(batch_size=b), sem, b)
-                              for jt, sem, sizes in groups.values()
-                              for b in sorted({min(sizes), max(sizes)})])
+            requests += [(jt, sem, a) for a in anchors_for(self.per_device(p))]
+        self.traces.prefetch(requests)
 
     # --- the ladder -------------------------------------------------------------------------
     def ladder(self, jv, platform: Platform, cfg: Config, rungs=LADDER, need=None):
@@ -241,6 +231,10 @@ class Planner:
                 continue
             if isinstance(r, Skip):
                 skipped.append(f"{r.rung}: {r.reason}")
+                continue
+            broken = compat.violation(r.job, platform.accelerator)
+            if broken is not None:          # the target cannot run this rung (compat.py)
+                skipped.append(f"{r.rung}: {broken.message}")
                 continue
             bound = _at_most_saves(r.rung, cfg)
             if not speed and bound is not None and bound < max(KEEP_MIN_BYTES, 0.01 * cfg.used_bytes):
@@ -313,8 +307,3 @@ def _at_most_saves(rung: str, cfg: Config) -> float | None:
     if rung == "optimizer-8bit":
         return 0.75 * cfg.trace.optimizer_state_bytes
     return None
-
-
-def _blocked(cfg: Config) -> bool:
-    """An error no micro-batch can cure (unsupported precision): skip the accumulation search."""
-    return any(f.severity == "error" and "GiB per device" not in f.message for f in cfg.findings)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"   # 1.1: max_micro_batch_size, required_bytes, *_label, calibration
 READY = "READY"
 READY_WITH_CHANGES = "READY WITH CHANGES"
 WONT_FIT = "WON'T FIT"
@@ -35,7 +35,7 @@ class Fix:
     the `_after` figures are the re-planned micro-batch, memory and step time; the `_before`
     figures those of the previous rung (or of the job as planned before the ladder)."""
 
-    rung: str                      # see fixes.RUNGS
+    rung: str                      # the rung id (fixes.py): "checkpointing-full", "zero3"
     title: str                     # "selective activation checkpointing"
     setting: dict
     fits: bool
@@ -120,11 +120,15 @@ class PlatformPlan:
     verdict: str
     fits: bool
     strategy: str
+    strategy_label: str                  # what the strategy means ("DeepSpeed ZeRO-3 (...)")
     precision: str
+    precision_label: str                 # what was planned: "fp16 mixed precision (AMP ...)"
     micro_batch_size: int | None
     grad_accum: int | None
+    max_micro_batch_size: int | None     # largest that fits, with this accumulation (estimate's)
     global_batch_size: int | None
     device_used_bytes: int | None        # per device, what nvidia-smi shows
+    required_bytes: int | None           # the least device memory the step runs in (fit test)
     capacity_bytes: int
     peak_phase: str | None
     memory_breakdown_bytes: dict
@@ -144,10 +148,11 @@ class PlatformPlan:
     fixes: tuple[Fix, ...]               # the ladder rungs tried, with their effects
     skipped_fixes: tuple[str, ...]       # rungs this platform cannot do, and why
     checklist: tuple[CheckItem, ...]
-    findings: tuple[dict, ...]           # {severity, message, fix} from the estimator
+    findings: tuple[dict, ...]           # {severity, kind, message, fix} (predict/findings.py)
     within_budget: bool | None
     meets_deadline: bool | None
     interpolated: bool                   # figures interpolated between two traced batches
+    calibration: dict = field(default_factory=dict)   # what the step time rests on
     rank: int | None = None
     reason: str = ""
 
@@ -159,6 +164,7 @@ class JobSummary:
     params_total: int | None
     params_trainable: int | None
     precision: str
+    precision_label: str
     optimizer: str
     strategy: str
     batch_size: int

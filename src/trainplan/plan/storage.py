@@ -18,6 +18,8 @@ per rank. So: zero1/zero2 -> devices + 2, zero3/fsdp -> 2 x devices + 1.
 """
 from __future__ import annotations
 
+from ..strategy import Strategy
+
 
 def checkpoint_parts(trace, lora: bool) -> tuple[int, int]:
     """(weights bytes, optimizer state bytes) a resumable checkpoint stores."""
@@ -25,11 +27,11 @@ def checkpoint_parts(trace, lora: bool) -> tuple[int, int]:
     return int(weights), int(trace.optimizer_state_bytes)
 
 
-def files_per_checkpoint(strategy: str, devices: int) -> int:
+def files_per_checkpoint(strategy: Strategy, devices: int) -> int:
     """1 for an unsharded state dict; per-rank shards for ZeRO / FSDP (see module docstring)."""
-    if devices <= 1 or strategy in ("single", "dp", "ddp"):
+    if devices <= 1 or strategy.replicated:
         return 1
-    if strategy in ("zero1", "zero2"):
+    if not strategy.shards_weights:
         return devices + 2
     return 2 * devices + 1
 

@@ -13,6 +13,7 @@ inside the sentences, which use units.py.
 """
 from __future__ import annotations
 
+from ..strategy import DP
 from ..units import fmt_bytes, fmt_seconds, fmt_usd
 from .result import READY, READY_WITH_CHANGES, RETIRED, WONT_FIT, CheckItem
 
@@ -33,93 +34,19 @@ def batch_change(job, cfg, devices: int, target: int) -> str | None:
 def assess(platform, job, cfg, changes: list[str], sessions, storage, cost, steps: int,
            deadline_s: float | None, budget_usd: float | None, target: int):
     """(verdict, checklist, failure reason or '')."""
+    p = platform
     items: list[CheckItem] = []
     fail: list[str] = []
-    p, m = platform, cfg.memory
     if not p.is_current:
         when = p.retired_on or p.status_as_of
         items.append(CheckItem("fail", f"{p.name} is {p.status} (since {when}); shown for reference"))
-    used, cap = m.device_used_bytes, m.capacity_bytes
-    items.append(CheckItem("pass" if m.fits else "fail",
-                           f"memory per device: {fmt_bytes(used)} of {fmt_bytes(cap)} "
-                           f"({'headroom ' + fmt_bytes(cap - used) if m.fits else 'short by ' + fmt_bytes(used - cap)}"
-                           f", peak in {m.peak_phase})"))
-    if not m.fits:
-        fail.append(f"needs {fmt_bytes(used)} per device, has {fmt_bytes(cap)}")
-    for f in cfg.findings:
-        if f.severity == "error" and "GiB per device" not in f.message:
-            items.append(CheckItem("fail", f.message + (f" -> {f.fix}" if f.fix else "")))
-            fail.append(f.message)
-        elif f.severity == "warning":
-            items.append(CheckItem("warn", f.message + (f" -> {f.fix}" if f.fix else "")))
-    glob = cfg.micro_batch * cfg.grad_accum * p.devices
-    items.append(CheckItem("pass" if glob == target else "warn",
-                           f"batch: micro-batch {cfg.micro_batch} x {cfg.grad_accum} accumulation x "
-                           f"{p.devices} device(s) = {glob} per step (target {target})"))
-    items.append(CheckItem("info", f"precision {cfg.job.precision}, strategy {cfg.job.strategy}, "
-                                   f"{cfg.job.grad_checkpointing} activation checkpointing"
-                                   + (" (reentrant)" if cfg.job.reentrant_checkpointing else "")))
-    if cfg.host_ok is None:
-        items.append(CheckItem("info", f"host RAM: needs {fmt_bytes(m.host_ram_bytes)}; the platform's "
-                                       "RAM is not in the catalog"))
-    else:
-        items.append(CheckItem("pass" if cfg.host_ok else "fail",
-                               f"host RAM: needs {fmt_bytes(m.host_ram_bytes)} of "
-                               f"{fmt_bytes(p.ram_bytes)} (model copies per process, offloaded state)"))
-        if not cfg.host_ok:
-            fail.append(f"host RAM {fmt_bytes(p.ram_bytes)} < {fmt_bytes(m.host_ram_bytes)}")
-    workers = cfg.job.num_workers
-    if workers and p.cpu_cores:
-        procs = 1 if cfg.job.strategy == "dp" else p.devices
-        ok = workers * procs + procs <= p.cpu_cores
-        items.append(CheckItem("pass" if ok else "warn",
-                               f"data loading: {workers} workers x {procs} process(es) + {procs} "
-                               f"training process(es) on {p.cpu_cores} CPU cores"
-                               + ("" if ok else f"; use num_workers {max(1, (p.cpu_cores - procs) // procs)}")))
+    _device(cfg, items, fail)
+    _batch_and_job(p, cfg, target, items)
+    _host(p, cfg, items, fail)
     if sessions is not None:
-        if sessions.sessions == 0:
-            items.append(CheckItem("fail", f"a {fmt_seconds(p.session_max_s)} session is used up by "
-                                           f"{fmt_seconds(sessions.overhead_s_per_session)} of overhead"))
-            fail.append("a session is all overhead")
-        elif p.session_max_s is None:
-            items.append(CheckItem("pass", f"one session of {fmt_seconds(sessions.accelerator_s)} "
-                                           "(no session limit)"))
-        else:
-            items.append(CheckItem("pass" if sessions.sessions == 1 else "info",
-                                   f"sessions: {sessions.sessions} of at most {fmt_seconds(p.session_max_s)}"
-                                   f" ({fmt_seconds(sessions.overhead_s_per_session)} start-up"
-                                   + (f" incl. {fmt_seconds(sessions.compile_s_per_session)} XLA compile"
-                                      if sessions.compile_s_per_session else "")
-                                   + " each); resume from the last checkpoint"))
-        items.append(CheckItem("info", f"checkpoint every {sessions.checkpoint_every_steps} steps "
-                                       f"(~{fmt_seconds(sessions.checkpoint_every_s)})"))
-        if not p.background_execution:
-            idle = f" (idle timeout {fmt_seconds(p.idle_timeout_s)})" if p.idle_timeout_s else ""
-            items.append(CheckItem("warn", f"no background execution: keep the browser tab open and "
-                                           f"active{idle}"))
-        if sessions.weekly_quota_s:
-            items.append(CheckItem("pass" if (sessions.quota_weeks or 0) <= 1 else "warn",
-                                   f"quota: {fmt_seconds(sessions.accelerator_s)} of "
-                                   f"{fmt_seconds(sessions.weekly_quota_s)} a week "
-                                   f"({sessions.quota_weeks:.2f} weeks of quota)"))
+        _sessions(p, sessions, items, fail)
     if storage is not None:
-        need_ckpt = sessions is not None and sessions.sessions > 1
-        what = "adapters + their optimizer state" if storage.adapter_only else "weights + optimizer state"
-        limits = []
-        ok = True
-        if storage.checkpoints_fit_disk is not None:
-            limits.append(f"{fmt_bytes(storage.disk_bytes)} of output disk holds "
-                          f"{storage.checkpoints_fit_disk}")
-            ok = ok and storage.checkpoints_fit_disk >= 1
-        if storage.checkpoints_fit_files is not None:
-            limits.append(f"the {storage.output_file_limit}-file limit holds {storage.checkpoints_fit_files}")
-            ok = ok and storage.checkpoints_fit_files >= 1
-        items.append(CheckItem("pass" if ok else ("fail" if need_ckpt else "warn"),
-                               f"checkpoint: {fmt_bytes(storage.checkpoint_bytes)} ({what}, "
-                               f"{storage.files_per_checkpoint} file(s))"
-                               + ("; " + ", ".join(limits) if limits else "; no disk limit stated")))
-        if not ok and need_ckpt:
-            fail.append("cannot store one checkpoint to resume from")
+        _storage(storage, sessions, items, fail)
     if cost is not None:
         items.append(CheckItem("info", f"cost: {fmt_usd(cost.total_usd)}"
                                + (f" ({cost.compute_units:.0f} compute units)" if cost.compute_units else "")))
@@ -131,8 +58,10 @@ def assess(platform, job, cfg, changes: list[str], sessions, storage, cost, step
                                f"deadline: finishes in {fmt_seconds(sessions.finish_s)} of "
                                f"{fmt_seconds(deadline_s)}"))
     if cfg.interpolated:
-        items.append(CheckItem("info", f"micro-batch {cfg.micro_batch} interpolated between two traced "
-                                       "micro-batches (exact for per-op counts; memory an upper bound)"))
+        items.append(CheckItem("info", f"micro-batch {cfg.micro_batch} read off the line through two "
+                                       "traced micro-batches (every allocation and op is affine in "
+                                       "the batch: the same numbers as a trace)"))
+    items.append(CheckItem("info", f"step time rests on {cfg.evaluation.calibration['text']}"))
     if not p.is_current:
         verdict = RETIRED
     elif fail:
@@ -140,3 +69,106 @@ def assess(platform, job, cfg, changes: list[str], sessions, storage, cost, step
     else:
         verdict = READY if not changes else READY_WITH_CHANGES
     return verdict, tuple(items), "; ".join(fail)
+
+
+def _device(cfg, items: list[CheckItem], fail: list[str]) -> None:
+    """Device memory, and what the target cannot run (compatibility errors, warnings)."""
+    m = cfg.memory
+    used, need, cap = m.device_used_bytes, m.required_bytes, m.capacity_bytes
+    items.append(CheckItem("pass" if m.fits else "fail",
+                           f"memory per device: {fmt_bytes(used)} of {fmt_bytes(cap)} "
+                           f"({'headroom ' + fmt_bytes(cap - used) if m.fits else 'short by ' + fmt_bytes(need - cap)}"
+                           f", peak in {m.peak_phase})"))
+    if not m.fits:
+        fail.append(f"needs {fmt_bytes(need)} per device, has {fmt_bytes(cap)}")
+    for f in cfg.findings:
+        if f.blocks:
+            items.append(CheckItem("fail", f.message + (f" -> {f.fix}" if f.fix else "")))
+            fail.append(f.message)
+        elif f.severity == "warning":
+            items.append(CheckItem("warn", f.message + (f" -> {f.fix}" if f.fix else "")))
+
+
+def _batch_and_job(p, cfg, target: int, items: list[CheckItem]) -> None:
+    glob = cfg.micro_batch * cfg.grad_accum * p.devices
+    items.append(CheckItem("pass" if glob == target else "warn",
+                           f"batch: micro-batch {cfg.micro_batch} x {cfg.grad_accum} accumulation x "
+                           f"{p.devices} device(s) = {glob} per step (target {target})"))
+    ckpt = cfg.job.grad_checkpointing
+    items.append(CheckItem("info", f"precision: {cfg.job.precision.label}; strategy: "
+                                   f"{cfg.job.strategy.label}; "
+                                   + ("no activation checkpointing" if ckpt == "none" else
+                                      f"{ckpt} activation checkpointing"
+                                      + (" (reentrant)" if cfg.job.reentrant_checkpointing else ""))))
+
+
+def _host(p, cfg, items: list[CheckItem], fail: list[str]) -> None:
+    """Host RAM and data-loading processes against the platform's CPU."""
+    m = cfg.memory
+    if cfg.host_ok is None:
+        items.append(CheckItem("info", f"host RAM: needs {fmt_bytes(m.host_ram_bytes)}; the platform's "
+                                       "RAM is not in the catalog"))
+    else:
+        items.append(CheckItem("pass" if cfg.host_ok else "fail",
+                               f"host RAM: needs {fmt_bytes(m.host_ram_bytes)} of "
+                               f"{fmt_bytes(p.ram_bytes)} (model copies per process, offloaded state)"))
+        if not cfg.host_ok:
+            fail.append(f"host RAM {fmt_bytes(p.ram_bytes)} < {fmt_bytes(m.host_ram_bytes)}")
+    workers = cfg.job.num_workers
+    if workers and p.cpu_cores:
+        procs = 1 if cfg.job.strategy is DP else p.devices
+        ok = workers * procs + procs <= p.cpu_cores
+        items.append(CheckItem("pass" if ok else "warn",
+                               f"data loading: {workers} workers x {procs} process(es) + {procs} "
+                               f"training process(es) on {p.cpu_cores} CPU cores"
+                               + ("" if ok else f"; use num_workers {max(1, (p.cpu_cores - procs) // procs)}")))
+
+
+def _sessions(p, sessions, items: list[CheckItem], fail: list[str]) -> None:
+    """Session limit, checkpoint cadence, background execution, weekly quota."""
+    if sessions.sessions == 0:
+        items.append(CheckItem("fail", f"a {fmt_seconds(p.session_max_s)} session is used up by "
+                                       f"{fmt_seconds(sessions.overhead_s_per_session)} of overhead"))
+        fail.append("a session is all overhead")
+    elif p.session_max_s is None:
+        items.append(CheckItem("pass", f"one session of {fmt_seconds(sessions.accelerator_s)} "
+                                       "(no session limit)"))
+    else:
+        items.append(CheckItem("pass" if sessions.sessions == 1 else "info",
+                               f"sessions: {sessions.sessions} of at most {fmt_seconds(p.session_max_s)}"
+                               f" ({fmt_seconds(sessions.overhead_s_per_session)} start-up"
+                               + (f" incl. {fmt_seconds(sessions.compile_s_per_session)} XLA compile"
+                                  if sessions.compile_s_per_session else "")
+                               + " each); resume from the last checkpoint"))
+    items.append(CheckItem("info", f"checkpoint every {sessions.checkpoint_every_steps} steps "
+                                   f"(~{fmt_seconds(sessions.checkpoint_every_s)})"))
+    if not p.background_execution:
+        idle = f" (idle timeout {fmt_seconds(p.idle_timeout_s)})" if p.idle_timeout_s else ""
+        items.append(CheckItem("warn", f"no background execution: keep the browser tab open and "
+                                       f"active{idle}"))
+    if sessions.weekly_quota_s:
+        items.append(CheckItem("pass" if (sessions.quota_weeks or 0) <= 1 else "warn",
+                               f"quota: {fmt_seconds(sessions.accelerator_s)} of "
+                               f"{fmt_seconds(sessions.weekly_quota_s)} a week "
+                               f"({sessions.quota_weeks:.2f} weeks of quota)"))
+
+
+def _storage(storage, sessions, items: list[CheckItem], fail: list[str]) -> None:
+    """Checkpoint size against the output disk and file limits (needed to resume)."""
+    need_ckpt = sessions is not None and sessions.sessions > 1
+    what = "adapters + their optimizer state" if storage.adapter_only else "weights + optimizer state"
+    limits = []
+    ok = True
+    if storage.checkpoints_fit_disk is not None:
+        limits.append(f"{fmt_bytes(storage.disk_bytes)} of output disk holds "
+                      f"{storage.checkpoints_fit_disk}")
+        ok = ok and storage.checkpoints_fit_disk >= 1
+    if storage.checkpoints_fit_files is not None:
+        limits.append(f"the {storage.output_file_limit}-file limit holds {storage.checkpoints_fit_files}")
+        ok = ok and storage.checkpoints_fit_files >= 1
+    items.append(CheckItem("pass" if ok else ("fail" if need_ckpt else "warn"),
+                           f"checkpoint: {fmt_bytes(storage.checkpoint_bytes)} ({what}, "
+                           f"{storage.files_per_checkpoint} file(s))"
+                           + ("; " + ", ".join(limits) if limits else "; no disk limit stated")))
+    if not ok and need_ckpt:
+        fail.append("cannot store one checkpoint to resume from")

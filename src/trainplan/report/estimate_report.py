@@ -11,9 +11,10 @@ def estimate_text(est) -> None:
     c = console()
     m, t, tr, job = est.memory, est.time, est.trace, est.job
     verdict = "[green]FITS[/green]" if est.fits else "[red]DOES NOT FIT[/red]"
-    c.print(f"[bold]{tr.model}[/bold] on {job.gpus} x {est.accel.id} ({job.strategy}), "
+    c.print(f"[bold]{tr.model}[/bold] on {job.gpus} x {est.accel.id} ({job.strategy.label}), "
             f"micro-batch {job.batch_size}" + (f" x {tr.seq_len} tokens" if tr.seq_len else "")
-            + f", {job.precision}, {job.optimizer}: {verdict}")
+            + f", {job.optimizer}: {verdict}")
+    c.print(f"precision: {job.precision.label}")
     c.print(f"parameters {fmt_count(tr.params_total)} ({fmt_count(tr.params_trainable)} trainable)")
     tab = Table(title="memory per device (GiB = 2^30 bytes)", show_edge=False)
     tab.add_column("term")
@@ -21,6 +22,7 @@ def estimate_text(est) -> None:
     for k, v in m.breakdown_bytes.items():
         tab.add_row(k.replace("_", " "), fmt_bytes(v))
     tab.add_row("[bold]device used (nvidia-smi)[/bold]", fmt_bytes(m.device_used_bytes))
+    tab.add_row("least it runs in (fit test)", fmt_bytes(m.required_bytes))
     tab.add_row("peak allocated", fmt_bytes(m.peak_allocated_bytes))
     tab.add_row("peak reserved", fmt_bytes(m.peak_reserved_bytes))
     tab.add_row("capacity", fmt_bytes(m.capacity_bytes))
@@ -31,9 +33,7 @@ def estimate_text(est) -> None:
                 f"{t.samples_per_s:.1f} samples/s"
                 + (f", {t.tokens_per_s:,.0f} tokens/s" if t.tokens_per_s else "")
                 + (f", MFU {t.mfu:.0%}" if t.mfu is not None else ""))
-        if getattr(t, "calibration", None):
-            from .measure_report import calibration_line
-            c.print(calibration_line(t.calibration))
+        c.print(f"step time rests on {est.calibration['text']}")
     for f in est.findings:
         colour = {"error": "red", "warning": "yellow"}.get(f.severity, "cyan")
         c.print(f"[{colour}]{f.severity}[/{colour}]: {f.message}" + (f"  -> {f.fix}" if f.fix else ""))

@@ -21,7 +21,8 @@ from html import escape
 
 from ..units import fmt_bytes, fmt_int, fmt_seconds, fmt_usd, gib, time_unit
 from . import charts
-from .plan_document import ReportExtras, document
+from ..plan.extras import ReportExtras
+from .plan_document import document
 from .plan_tables import (CATALOG, COST, CURVE, FIXES, HARDWARE, PERFORMANCE, SESSIONS, STORAGE,
                           VERDICTS, Cell, chosen_index, fmt_by_key, memory_columns,
                           platform_rows, problem_platforms, rows, settings_rows)

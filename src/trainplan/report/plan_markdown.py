@@ -14,7 +14,8 @@ deterministic (no dates or timings of its own), so the examples' reports are gol
 """
 from __future__ import annotations
 
-from .plan_document import ReportExtras, document
+from ..plan.extras import ReportExtras
+from .plan_document import document
 from .plan_tables import (CATALOG, COST, CURVE, FIXES, HARDWARE, PERFORMANCE, SESSIONS, STORAGE,
                           VERDICTS, Cell, chosen_index, fmt_by_key, memory_columns,
                           platform_rows, problem_platforms, rows, settings_rows)

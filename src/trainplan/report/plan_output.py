@@ -4,8 +4,9 @@
     --report FILE                  also write FILE; its format from the extension (.md, .html, .json)
 
 Markdown, HTML and JSON render one document (`plan_document.document`): the plan's JSON plus
-the memory-against-micro-batch curves and the catalog rows. The curves cost a trace or two per
-kernel semantics, so they are computed only when one of those formats is asked for.
+the memory-against-micro-batch curves and the catalog rows (computed by plan/extras.py; the
+curves cost a trace or two per kernel semantics, so the CLI asks for them only when one of those
+formats is wanted: `needs_curves`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import sys
 from pathlib import Path
 
 from ..errors import TrainplanError
-from .plan_document import ReportExtras, document, report_extras
+from ..plan.extras import ReportExtras
+from .plan_document import document
 
 FORMATS = ("text", "md", "json", "html")
 EXTENSIONS = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".json": "json"}
@@ -34,10 +36,6 @@ def report_format(path: str | None) -> str | None:
 
 def needs_curves(fmt: str, report: str | None) -> bool:
     return fmt in ("md", "json", "html") or report_format(report) is not None
-
-
-def extras_for(plan, platforms, planner, fmt: str, report: str | None) -> ReportExtras:
-    return report_extras(plan, platforms, planner if needs_curves(fmt, report) else None)
 
 
 def render(plan, extras: ReportExtras, fmt: str) -> str:

@@ -20,7 +20,8 @@ from rich.panel import Panel
 from rich.table import Table
 
 from .console import console as default_console
-from .plan_document import ReportExtras, document
+from ..plan.extras import ReportExtras
+from .plan_document import document
 from .plan_tables import (COST, PERFORMANCE, SESSIONS, VERDICTS, Column, chosen_index,
                           fmt_by_key, memory_columns, platform_rows, rows)
 from ..units import fmt_int, fmt_seconds, fmt_usd
@@ -140,7 +141,7 @@ def plan_rich(plan, extras: ReportExtras | None = None, console: Console | None 
 
 @contextlib.contextmanager
 def tracing_progress(console: Console | None = None) -> Iterator[Callable[[str], None] | None]:
-    """A progress callback for `Planner`/`Analyzer(progress=...)`: a status line on stderr that
+    """A progress callback for `Planner` / `Traces(progress=...)`: a status line on stderr that
     shows the trace under way, and one dim line per finished trace. Yields None (no display)
     when stderr is not a terminal."""
     err = console or Console(stderr=True, highlight=False)

@@ -35,6 +35,40 @@ ALLOC_ROUND = 512  # CUDA caching allocator rounds every block up to 512 bytes
 
 CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "weight_casts",
               "temporaries")
+ALLOC, FREE, RETAG, RESET = "alloc", "free", "retag", "reset"     # memory_log entry kinds
+
+
+def phase_peaks_from_log(log: list[tuple], sizes: dict[int, int] | None = None
+                         ) -> dict[str, tuple[int, dict[str, int]]]:
+    """Each phase's peak live bytes and their split by category, replaying a counter's
+    `memory_log` exactly as `StepCounter` computes `phase_peaks` (a new peak is checked at every
+    allocation, in the phase current then). `sizes` (serial -> bytes) replaces the logged
+    allocation sizes: the same step at another micro-batch (predict/interpolate.py)."""
+    live, by_cat, held = 0, dict.fromkeys(CATEGORIES, 0), {}
+    peaks: dict[str, tuple[int, dict[str, int]]] = {}
+    for entry in log:
+        kind = entry[0]
+        if kind == ALLOC:
+            _, serial, nbytes, cat, phase = entry
+            nbytes = sizes.get(serial, nbytes) if sizes is not None else nbytes
+            held[serial] = [nbytes, cat]
+            live += nbytes
+            by_cat[cat] = by_cat.get(cat, 0) + nbytes
+            if live > peaks.get(phase, (-1,))[0]:
+                peaks[phase] = (live, dict(by_cat))
+        elif kind == FREE:
+            nbytes, cat = held.pop(entry[1])
+            live -= nbytes
+            by_cat[cat] -= nbytes
+        elif kind == RETAG:
+            rec = held.get(entry[1])
+            if rec is not None:
+                by_cat[rec[1]] -= rec[0]
+                by_cat[entry[2]] = by_cat.get(entry[2], 0) + rec[0]
+                rec[1] = entry[2]
+        else:                                   # RESET: the real step starts its peaks anew
+            peaks.clear()
+    return {k: (v[0], {c: int(v[1].get(c, 0)) for c in CATEGORIES}) for k, v in peaks.items()}
 
 MATMUL_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution,
               aten.convolution_backward, aten._convolution, aten.addbmm, aten.mv, aten.dot}
@@ -60,8 +94,6 @@ VIEW_OPS = {
     aten.is_nonzero, torch.ops.profiler._record_function_enter_new,
     torch.ops.profiler._record_function_exit,
 }
-_EXTRA_FLOPS_NAMES = {"_scaled_dot_product_flash_attention_for_cpu": "_scaled_dot_product_flash_attention"}
-
 
 def op_family(packet) -> str:
     if packet in MATMUL_OPS:
@@ -162,6 +194,9 @@ class StepCounter(TorchDispatchMode):
         self.peak_by_cat: dict[str, int] = {}
         self.timeline: list[tuple[str, int]] = []   # (phase, live bytes) after each op
         self.events: list[tuple[int, int]] = []     # (serial, +bytes) alloc / (serial, -bytes) free
+        # what `phase_peaks` is computed from, in order, so that it can be recomputed for other
+        # allocation sizes (predict/interpolate.py): see `phase_peaks_from_log`
+        self.memory_log: list[tuple] = []
         self.phase_peaks: dict[str, tuple[int, dict[str, int]]] = {}
         self.storages: dict[int, _Storage] = {}
         self.modules: dict[str, ModuleStats] = defaultdict(ModuleStats)
@@ -197,6 +232,7 @@ class StepCounter(TorchDispatchMode):
         self.live += nbytes
         self.by_cat[rec.category] += nbytes
         self.events.append((rec.serial, nbytes))
+        self.memory_log.append((ALLOC, rec.serial, nbytes, rec.category, self.phase))
         weakref.finalize(st, self._free, key)
         if self.live > self.peak:
             self.peak = self.live
@@ -208,6 +244,7 @@ class StepCounter(TorchDispatchMode):
     def reset_peak(self) -> None:
         self.peak, self.peak_phase, self.peak_by_cat = self.live, self.phase, dict(self.by_cat)
         self.phase_peaks.clear()
+        self.memory_log.append((RESET,))
 
     def _free(self, key: int) -> None:
         rec = self.storages.pop(key, None)
@@ -216,6 +253,7 @@ class StepCounter(TorchDispatchMode):
         self.live -= rec.nbytes
         self.by_cat[rec.category] -= rec.nbytes
         self.events.append((rec.serial, -rec.nbytes))
+        self.memory_log.append((FREE, rec.serial))
 
     def retag(self, t: torch.Tensor, category: str) -> None:
         rec = self.storages.get(t.untyped_storage()._cdata)
@@ -224,17 +262,7 @@ class StepCounter(TorchDispatchMode):
         self.by_cat[rec.category] -= rec.nbytes
         self.by_cat[category] += rec.nbytes
         rec.category = category
-
-    def retag_all(self, from_category: str, to_category: str) -> int:
-        """Move every live storage of one category to another; returns the bytes moved."""
-        moved = 0
-        for rec in self.storages.values():
-            if rec.category == from_category:
-                rec.category = to_category
-                moved += rec.nbytes
-        self.by_cat[from_category] -= moved
-        self.by_cat[to_category] += moved
-        return moved
+        self.memory_log.append((RETAG, rec.serial, category))
 
     def live_by_module(self, category: str) -> dict[str, int]:
         out: dict[str, int] = defaultdict(int)

@@ -126,10 +126,3 @@ def build_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.
     if name == "adamw-8bit":
         return AdamW8bit(params, lr=lr)
     raise ValueError(name)
-
-
-def optimizer_state_bytes_per_param(name: str, param_dtype_bytes: int) -> float:
-    """Bytes of optimizer state per trainable parameter (closed form, for analytic terms)."""
-    return {"adamw": 2 * param_dtype_bytes, "adam": 2 * param_dtype_bytes, "sgd": 0,
-            "sgd-momentum": param_dtype_bytes, "lion": param_dtype_bytes,
-            "adafactor": 0.0, "adamw-8bit": 2 + 8 / AdamW8bit.BLOCK}[name]

@@ -1,8 +1,8 @@
 """Trace one training step on fake tensors: no GPU, no weights, about a second for a 7B model.
 
 The model is built on the meta device, then every parameter and buffer is re-created as a fake
-CPU tensor inside `FakeTensorMode` (fake *cuda* tensors cannot train on a CPU build; see
-docs/tracing.md). The step runs under:
+CPU tensor inside `FakeTensorMode` (fake *cuda* tensors cannot train on a CPU build: their
+backward dispatches to CUDA kernels a CPU build does not have). The step runs under:
 
     FakeTensorMode  <-  StepCounter (aten ops: FLOPs, bytes, live memory)
                     <-  TargetSemantics (torch functions: autocast, dropout, attention kernel)
@@ -32,8 +32,21 @@ from .counters import CATEGORIES, OpRecord, StepCounter
 from .optimizers import build_optimizer
 from .semantics import KernelSemantics, TargetSemantics
 
-HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
-AMP = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}
+
+
+def stored_dtype(precision) -> torch.dtype:
+    """The dtype parameters are stored in (fp32 under AMP: the master weights)."""
+    return getattr(torch, precision.stored)
+
+
+def autocast_dtype(precision) -> torch.dtype | None:
+    """torch.autocast's dtype, None without AMP."""
+    return getattr(torch, precision.autocast) if precision.autocast else None
+
+
+def compute_dtype(precision) -> torch.dtype:
+    """What the matmuls compute in: the 16-bit dtype of AMP or pure half, else fp32."""
+    return getattr(torch, precision.half) if precision.half else torch.float32
 
 
 class _Tracker(ModuleTracker):
@@ -102,10 +115,14 @@ class Trace:
     modules: list[ModuleRow]
     timeline: list[tuple[str, int]]
     alloc_events: list[tuple[int, int]]
+    memory_log: list[tuple]               # what phase_peaks is computed from (counters.py)
     checkpointed_blocks: list[str]
     lora_modules: list[str]
     trace_seconds: float
     notes: list[str] = field(default_factory=list)
+    # values the prediction layer derives from this trace alone (its op table, the allocator
+    # replay), memoised so that every accelerator and strategy reuses them; never compared
+    derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def flops_per_step(self) -> float:
@@ -149,11 +166,11 @@ def prepare_model(job, bundle: ModelBundle) -> tuple[list[str], list[str]]:
     """Precision, LoRA/QLoRA, frozen prefixes and checkpointing, applied on the meta model."""
     model = bundle.module
     # AMP keeps fp32 master weights whatever dtype the config was published in
-    model.to(HALF.get(job.precision, torch.float32))
+    model.to(stored_dtype(job.precision))
     lora_names: list[str] = []
     if job.lora is not None:
-        compute = HALF.get(job.precision) or AMP.get(job.precision) or torch.float32
-        adapter = HALF.get(job.precision, torch.float32)
+        compute = compute_dtype(job.precision)
+        adapter = stored_dtype(job.precision)
         with torch.device("meta"):
             lora_names = apply_lora(model, job.lora.rank, job.lora.alpha, job.lora.targets,
                                     job.lora.dropout, job.quantize, compute, adapter)
@@ -226,8 +243,6 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
     tracker = _Tracker()
     counter.mt = tracker
     fake = FakeTensorMode(allow_non_fake_inputs=True)
-    activation_bytes = weight_cast_bytes = 0
-    act_by_module: dict[str, int] = {}
     global _traced_before
     if _traced_before:  # free an earlier step's cyclic garbage before freezing what is live
         gc.collect()
@@ -243,44 +258,9 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
                                      fix="unfreeze something, or add LoRA adapters")
             for p in params:
                 p.register_post_accumulate_grad_hook(lambda p: counter.retag(p.grad, "gradients"))
-            opt = build_optimizer(job.optimizer, params)
-            # Warm-up: optimizer state is created lazily by the first step. Stepping once on
-            # zero gradients creates it (same tensors, same peak as a real first step's update),
-            # so one traced forward/backward then sees the steady-state memory of step 2+.
-            counter.phase, counter.count_ops = "optimizer", False
-            for p in params:
-                p.grad = torch.zeros_like(p)
-                counter.retag(p.grad, "gradients")
-            opt.step()
-            _tag_states(opt, counter)
-            opt.zero_grad(set_to_none=True)
-            counter.reset_peak()  # the real step below re-reaches this peak with states tagged
-            for m in range(2 if job.grad_accum > 1 else 1):
-                last = m == (1 if job.grad_accum > 1 else 0)
-                counter.count_ops = last
-                counter.phase, counter.default_category = "forward", "activations"
-                inputs = bundle.make_inputs(batch)
-                if semantics.channels_last:
-                    inputs = {k: (v.contiguous(memory_format=torch.channels_last)
-                                  if isinstance(v, torch.Tensor) and v.dim() == 4 else v)
-                              for k, v in inputs.items()}
-                fwd_kwargs = {k: v for k, v in inputs.items() if not k.startswith("_")}
-                with tracker, sem:
-                    sem.autocast_enabled = amp
-                    out = model(**fwd_kwargs)
-                    loss = bundle.loss(out, inputs)
-                    sem.autocast_enabled = False
-                    sem.clear_cast_cache()
-                    del out, fwd_kwargs
-                    if last:
-                        activation_bytes = counter.by_cat["activations"]
-                        weight_cast_bytes = counter.by_cat["weight_casts"]
-                        act_by_module = counter.live_by_module("activations")
-                    gc.collect()
-                    counter.phase, counter.default_category = "backward", "temporaries"
-                    loss.backward()
-                del loss, inputs
-                gc.collect()
+            opt = _warm_optimizer(job, params, counter)
+            activation_bytes, weight_cast_bytes, act_by_module = _forward_backward(
+                job, bundle, batch, semantics, model, counter, tracker, sem)
             counter.phase = "optimizer"
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -297,6 +277,60 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
     return _summarise(job, bundle, semantics, batch, counter, model, grad_bytes, state_bytes,
                       activation_bytes, weight_cast_bytes, act_by_module, blocks, lora_names,
                       time.perf_counter() - t0)
+
+
+def _warm_optimizer(job, params, counter: StepCounter):
+    """The optimizer with its state. Its state is created lazily by the first step: stepping
+    once on zero gradients creates it (same tensors, same peak as a real first step's update), so
+    the traced forward/backward that follows sees the steady-state memory of step 2+."""
+    opt = build_optimizer(job.optimizer, params)
+    counter.phase, counter.count_ops = "optimizer", False
+    for p in params:
+        p.grad = torch.zeros_like(p)
+        counter.retag(p.grad, "gradients")
+    opt.step()
+    _tag_states(opt, counter)
+    opt.zero_grad(set_to_none=True)
+    counter.reset_peak()  # the real step below re-reaches this peak with states tagged
+    return opt
+
+
+def _forward_backward(job, bundle, batch: int, semantics, model, counter: StepCounter, tracker,
+                      sem) -> tuple[int, int, dict[str, int]]:
+    """One micro-batch's forward and backward (two with gradient accumulation: the second runs
+    with the first's gradients live, and only its ops are counted). Returns the activation and
+    autocast-cast bytes live at the end of the counted forward, and activations by module."""
+    amp = semantics.autocast_dtype is not None
+    activation_bytes = weight_cast_bytes = 0
+    act_by_module: dict[str, int] = {}
+    micro_batches = 2 if job.grad_accum > 1 else 1
+    for m in range(micro_batches):
+        last = m == micro_batches - 1
+        counter.count_ops = last
+        counter.phase, counter.default_category = "forward", "activations"
+        inputs = bundle.make_inputs(batch)
+        if semantics.channels_last:
+            inputs = {k: (v.contiguous(memory_format=torch.channels_last)
+                          if isinstance(v, torch.Tensor) and v.dim() == 4 else v)
+                      for k, v in inputs.items()}
+        fwd_kwargs = {k: v for k, v in inputs.items() if not k.startswith("_")}
+        with tracker, sem:
+            sem.autocast_enabled = amp
+            out = model(**fwd_kwargs)
+            loss = bundle.loss(out, inputs)
+            sem.autocast_enabled = False
+            sem.clear_cast_cache()
+            del out, fwd_kwargs
+            if last:
+                activation_bytes = counter.by_cat["activations"]
+                weight_cast_bytes = counter.by_cat["weight_casts"]
+                act_by_module = counter.live_by_module("activations")
+            gc.collect()
+            counter.phase, counter.default_category = "backward", "temporaries"
+            loss.backward()
+        del loss, inputs
+        gc.collect()
+    return activation_bytes, weight_cast_bytes, act_by_module
 
 
 def _tag_states(opt, counter: StepCounter) -> None:
@@ -363,6 +397,7 @@ def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_
         largest_block_param_bytes=_largest_block_bytes(model), flops=flops, bytes_moved=moved,
         recompute_flops=recompute, ops=list(counter.records), modules=rows,
         timeline=_downsample(counter.timeline), alloc_events=counter.events,
+        memory_log=counter.memory_log,
         checkpointed_blocks=blocks, lora_modules=lora_names, trace_seconds=seconds, notes=notes)
 
 

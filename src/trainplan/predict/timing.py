@@ -39,13 +39,21 @@ from importlib import resources
 
 import numpy as np
 
-from .errors import TrainplanError
+from ..errors import TrainplanError
+from ..precision import Precision
+from ..strategy import DDP, DP, SINGLE
 
 PHASES = ("forward", "backward", "optimizer")
+FORWARD, BACKWARD, OPTIMIZER = range(len(PHASES))     # OpTable.phase codes
 FAMILIES = ("matmul", "attention", "other")
 DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}          # others (int, bool, "") -> 3
 # aten ops that the counter records but that launch no kernel (queries, profiler markers)
 DDP_BUCKET_BYTES = 25 * 2**20      # torch DDP bucket_cap_mb default (25 MiB): last bucket is exposed
+# FSDP/ZeRO-3: the first unit's all-gather has no compute to hide behind. Modelled as one 200 MiB
+# unit (8 DDP buckets), the fitted value of the time model (scripts/calibrate_time.py); the
+# largest block's parameter bytes (trace.largest_block_param_bytes, in the meta) are the physical
+# quantity it stands for and replace it when the time model is refitted (issue 17).
+FIRST_GATHER_BYTES = 8 * DDP_BUCKET_BYTES
 NODE_NIC_BYTES_PER_S = 200e9       # per 8-GPU node across nodes: 1600 Gbit/s RoCE (S34 setup)
 DEVICES_PER_NODE = 8
 # XLA compiles the step graph on the host on the first steps of a session. Sourced range
@@ -94,9 +102,9 @@ def summarize(trace) -> OpTable:
     """Aggregate `trace.ops` once (memoised on the trace) so every accelerator reuses it."""
     if isinstance(trace, OpTable):
         return trace
-    cached = getattr(trace, "_op_table", None)
-    if cached is not None:
-        return cached
+    memo = trace.derived
+    if "op_table" in memo:
+        return memo["op_table"]
     agg: dict[tuple, int] = {}
     for o in trace.ops:
         if o.flops == 0 and o.bytes == 0:
@@ -116,13 +124,11 @@ def summarize(trace) -> OpTable:
                           "params_total": int(trace.params_total),
                           "params_trainable": int(trace.params_trainable),
                           "weight_bytes": float(trace.weight_bytes),
+                          "largest_block_param_bytes": float(trace.largest_block_param_bytes),
                           "batch_size": int(trace.batch_size),
                           "tokens_per_sample": trace.tokens_per_sample,
                           "channels_last": bool(trace.semantics.channels_last)})
-    try:
-        trace._op_table = table
-    except AttributeError:
-        pass
+    memo["op_table"] = table
     return table
 
 
@@ -146,7 +152,7 @@ class StepTime:
     notes: list = field(default_factory=list)
 
 
-def _rates(accel, precision: str) -> tuple[np.ndarray, np.ndarray]:
+def _rates(accel, precision: Precision) -> tuple[np.ndarray, np.ndarray]:
     """Peak FLOP/s and tensor-core flag per (dtype code, conv) -> arrays indexed [dtype, conv]."""
     tc = accel.tensor_cores
     tpu = accel.kind == "tpu"
@@ -154,7 +160,7 @@ def _rates(accel, precision: str) -> tuple[np.ndarray, np.ndarray]:
     peak = np.zeros((4, 2))
     tensor = np.zeros((4, 2), dtype=bool)
     for conv in (0, 1):
-        use_tf32 = precision == "tf32" or (conv and precision == "fp32")
+        use_tf32 = precision.compute == "tf32" or (conv and precision.compute == "fp32")
         if tpu:
             peak[0, conv], tensor[0, conv] = fp32, True
         elif use_tf32 and "tf32" in tc and accel.tf32_flops:
@@ -190,7 +196,7 @@ def kernel_classes(table: OpTable) -> np.ndarray:
     k = np.where(table.family == 0, np.where(table.conv, np.where(table.group_channels == 1,
                                                                   K_DWCONV, K_CONV), K_MATMUL), k)
     k = np.where(table.family == 1, K_ATTN, k)
-    k = np.where(table.phase == 2, K_OPTIM, k)
+    k = np.where(table.phase == OPTIMIZER, K_OPTIM, k)
     table._kclass = k
     return k
 
@@ -204,7 +210,7 @@ def matmul_ceiling(accel, p: dict) -> float:
     return float(p.get("matmul_ceiling", {}).get(accel.id, p["tc_emax"]))
 
 
-def op_times(table: OpTable, accel, precision: str, p: dict) -> tuple[np.ndarray, np.ndarray]:
+def op_times(table: OpTable, accel, precision: Precision, p: dict) -> tuple[np.ndarray, np.ndarray]:
     """Per unique op: (device time s, is_compute_bound). Vectorised over the op table.
 
         t_compute = (flops + f_half) / (peak x e_max)
@@ -289,33 +295,33 @@ def _comm(job, accel, meta, n, t_fwd, t_bwd, t_step_compute) -> tuple[float, flo
                  scatter inputs, gather outputs, reduce gradients to GPU 0; nothing overlaps.
     """
     strat, notes = job.strategy, []
-    if n <= 1 or strat == "single":
+    if n <= 1 or strat is SINGLE:
         return 0.0, 0.0, notes
     k = max(1, int(job.grad_accum))
     grads = meta["gradient_bytes"]
-    half = job.precision in ("fp16-amp", "bf16-amp", "fp16", "bf16")
+    half = not job.precision.full
     p_compute = meta["params_total"] * (2 if half else 4)
     g_compute = meta.get("params_trainable", meta["params_total"]) * (2 if half else 4)
-    if strat == "dp":
+    if strat is DP:
         per_mb = (collective_s("all_gather", meta["weight_bytes"] * n / (n - 1), n, accel)
                   + collective_s("reduce_scatter", grads * n / (n - 1), n, accel))
         notes.append("DataParallel: one process, GIL-bound threads launch every device's kernels")
         return per_mb * k, 0.0, notes
-    if strat == "ddp" or accel.kind == "tpu" and strat not in ("fsdp", "zero3"):
+    if strat is DDP or accel.kind == "tpu" and not strat.shards_weights:
         total = collective_s("all_reduce", grads, n, accel)
         last = collective_s("all_reduce", min(grads, DDP_BUCKET_BYTES), n, accel)
         return last + max(0.0, total - last - t_bwd), 0.0, notes
-    if strat in ("zero1", "zero2"):
+    if strat.shards_optimizer and not strat.shards_weights:
         total = collective_s("reduce_scatter", grads, n, accel)
         last = collective_s("reduce_scatter", min(grads, DDP_BUCKET_BYTES), n, accel)
-        rs = (last + max(0.0, total - last - t_bwd)) * (k if strat == "zero2" else 1)
+        rs = (last + max(0.0, total - last - t_bwd)) * (k if strat.shards_gradients else 1)
         ag = collective_s("all_gather", p_compute, n, accel)
-        notes.append(f"ZeRO-{strat[-1]}: gradients reduce-scattered during backward, updated "
+        notes.append(f"ZeRO-{strat.order}: gradients reduce-scattered during backward, updated "
                      "parameters all-gathered after the optimizer step")
         return rs + ag, 0.0, notes
     ag = collective_s("all_gather", p_compute, n, accel)
     rs = collective_s("reduce_scatter", g_compute, n, accel)
-    first = collective_s("all_gather", min(p_compute, DDP_BUCKET_BYTES * 8), n, accel)
+    first = collective_s("all_gather", min(p_compute, FIRST_GATHER_BYTES), n, accel)
     per_mb = first + max(0.0, ag - t_fwd) + max(0.0, ag + rs - t_bwd)
     return per_mb * k, 0.0, notes
 
@@ -349,7 +355,7 @@ def input_pipeline(job, n_devices: int, accel,
     if not rate:
         return None
     notes = []
-    loaders = 1 if job.strategy == "dp" else n_devices
+    loaders = 1 if job.strategy is DP else n_devices
     on_host = min(loaders, DEVICES_PER_NODE) if accel.kind == "gpu" else min(loaders,
                                                                              accel.devices_per_unit)
     workers = job.num_workers
@@ -363,7 +369,7 @@ def input_pipeline(job, n_devices: int, accel,
             notes.append(f"{workers} workers per loader but the host's {cpu_cores} CPU cores allow "
                          f"{cap} (minus one core per training process)")
             workers = cap
-    samples = job.batch_size * max(1, job.grad_accum) * (n_devices if job.strategy == "dp" else 1)
+    samples = job.batch_size * max(1, job.grad_accum) * (n_devices if job.strategy is DP else 1)
     return InputPipeline(loaders, workers, rate * max(1, workers), samples, notes)
 
 
@@ -380,20 +386,20 @@ def estimate_step_time(trace, accel, job, calibration: dict | None = None,
     meta = table.meta
     n = max(1, int(job.gpus)) * max(1, int(accel.devices_per_unit))
     t_dev, cbound = op_times(table, accel, job.precision, p)
-    host = p["host_op_s"] * (n if job.strategy == "dp" and n > 1 else 1)   # DP: one GIL, n devices
+    host = p["host_op_s"] * (n if job.strategy is DP and n > 1 else 1)   # DP: one GIL, n devices
     t = np.maximum(t_dev, host)
     cnt = table.count
     ph = table.phase
-    mb = ph < 2
+    mb = ph != OPTIMIZER                 # forward and backward run once per micro-batch
     tc = t * cnt
-    t_fwd = float(np.sum(tc[ph == 0]))
-    t_bwd = float(np.sum(tc[ph == 1]))
+    t_fwd = float(np.sum(tc[ph == FORWARD]))
+    t_bwd = float(np.sum(tc[ph == BACKWARD]))
     host_bound = t_dev < host
     compute_mb = float(np.sum(tc[mb & cbound & ~host_bound]))
     memory_mb = float(np.sum(tc[mb & ~cbound & ~host_bound]))
     host_mb = float(np.sum(tc[mb & host_bound]))
-    opt = float(np.sum(tc[ph == 2]))
-    if job.strategy in ("zero1", "zero2", "zero3", "fsdp") and n > 1:
+    opt = float(np.sum(tc[ph == OPTIMIZER]))
+    if job.strategy.shards_optimizer and n > 1:
         opt /= n                                            # each rank updates its shard
     k = max(1, int(job.grad_accum))
     device_s = k * (compute_mb + memory_mb + host_mb)
@@ -419,14 +425,13 @@ def estimate_step_time(trace, accel, job, calibration: dict | None = None,
                     n, notes)
 
 
-def _mfu_peak(accel, precision: str, table: OpTable) -> float | None:
+def _mfu_peak(accel, precision: Precision, table: OpTable) -> float | None:
     """Nominal dense peak of the job's compute dtype (not clock-derated: MFU convention, S01).
 
     If some kernels run at a higher rate than the job's dtype suggests (fp32 jobs whose
     convolutions run in TF32), the highest rate used is the denominator, so MFU <= 1 always.
     """
-    dt = {"fp16-amp": "fp16", "fp16": "fp16", "bf16-amp": "bf16", "bf16": "bf16",
-          "tf32": "tf32"}.get(precision, "fp32")
+    dt = precision.compute
     try:
         peak = accel.peak_flops(dt) or accel.peak_flops("fp32")
     except TrainplanError:

@@ -33,52 +33,53 @@ data/overheads.json; the default is today's PyTorch):
     softmax_saves_input    True up to PyTorch 1.10: softmax / log_softmax also keep their input
                            for backward (+ the attention scores once more per layer)
 
-A job fits when the CUDA context plus what the allocator must reserve fits the device. Near the
-limit the allocator gives cached free segments back and retries (allocator.py), so for one device
-the fit test replays the step against the device's free memory instead of adding the
-unconstrained fragmentation (`reserved_at_limit`).
+A job fits when the CUDA context plus the least the allocator must reserve fits the device:
+near the limit the allocator gives cached free segments back and retries (allocator.py), so the
+step needs less than its unconstrained peak reserved. `required_bytes` = context + allocated +
+the replay's pinned fragmentation (segments a live block keeps: allocator.py): the smallest
+device the step runs on, whatever the device asked about, so the fit answer and the largest
+micro-batch do not depend on it. Fragmentation is measured on the single-device replay and
+scaled by the share of it a strategy's device holds. On a
+device with room the allocator never releases anything, and `device_used_bytes` is context +
+the unconstrained reserved (nvidia-smi); where that exceeds the device but the step still fits, the
+allocator fills the device and the figure is its capacity.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 
-from .accelerators import Accelerator
-from .allocator import replay, replay_within
-from .trace.tracer import Trace
+from ..accelerators import Accelerator
+from ..strategy import DDP, DP, SINGLE
+from .allocator import replay
+from ..trace.tracer import Trace
 
 # torch.optim optimizers whose step runs multi-tensor (foreach) on CUDA; the others in
 # trace/optimizers.py (Lion, Adafactor, 8-bit AdamW) are traced as per-parameter loops already
 FOREACH_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
+# Sharded gradients (ZeRO-2/3, FSDP) are reduce-scattered in buckets during backward: one bucket
+# filling while the previous one is reduced, each of torch DDP's default bucket_cap_mb (25 MiB).
+REDUCE_BUCKETS_IN_FLIGHT_BYTES = 2 * 25 * 2**20
 
 
-@dataclass
-class Finding:
-    severity: str      # error | warning | info
-    message: str
-    fix: str | None = None
-
-    def to_dict(self) -> dict:
-        return {"severity": self.severity, "message": self.message, "fix": self.fix}
-
-
-@dataclass
+@dataclass(frozen=True)
 class MemoryEstimate:
     peak_allocated_bytes: int
-    peak_reserved_bytes: int
-    device_used_bytes: int
+    peak_reserved_bytes: int              # on a device with room (the allocator never releases)
+    device_used_bytes: int                # what this device shows: reserved + context, at most
+                                          # its capacity when the allocator must release cache
+    required_bytes: int                   # the least device memory the step runs in (fit test)
     capacity_bytes: int
     breakdown_bytes: dict[str, int]       # weights, gradients, optimizer_states, activations,
                                           # temporaries, framework_overhead (sums to device used)
     peak_phase: str
     host_ram_bytes: int                   # host memory the job needs (offload, per-process copies)
     gpu0_extra_bytes: int = 0             # DataParallel: what GPU 0 holds beyond the others
-    findings: list[Finding] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
-        return self.device_used_bytes <= self.capacity_bytes
+        return self.required_bytes <= self.capacity_bytes
 
     @property
     def headroom_bytes(self) -> int:
@@ -107,7 +108,7 @@ def runtime(name: str | None = None) -> Runtime:
     r = overheads()["runtimes"]
     name = name or r["default"]
     if name not in r["presets"]:
-        from .errors import TrainplanError
+        from ..errors import TrainplanError
         raise TrainplanError(f"No runtime preset {name!r}.", allowed=", ".join(r["presets"]))
     p = r["presets"][name]
     return Runtime(name, bool(p["zero_grad_set_to_none"]), bool(p["optimizer_foreach"]),
@@ -189,15 +190,14 @@ def _transform(cats: dict[str, int], job, trace: Trace, phase: str,
     s = job.strategy
     c = {k: float(v) for k, v in cats.items()}
     _apply_runtime(c, job, trace, phase, rt or runtime())
-    shard_states = s in ("zero1", "zero2", "zero3", "fsdp")
-    shard_grads = s in ("zero2", "zero3", "fsdp")
-    shard_weights = s in ("zero3", "fsdp")
+    shard_states, shard_grads, shard_weights = (s.shards_optimizer, s.shards_gradients,
+                                                s.shards_weights)
     if shard_states:
         c["optimizer_states"] /= n
         if phase == "optimizer":   # the step's temporaries scale with the shard it updates
             c["temporaries"] /= n
     if shard_grads:
-        bucket = min(trace.gradient_bytes, 2 * 25 * 2**20)   # one reduce bucket in flight
+        bucket = min(trace.gradient_bytes, REDUCE_BUCKETS_IN_FLIGHT_BYTES)
         c["gradients"] = c["gradients"] / n + (bucket if phase == "backward" else 0)
     if shard_weights:
         gathered = 2 * trace.largest_block_param_bytes
@@ -210,15 +210,46 @@ def _transform(cats: dict[str, int], job, trace: Trace, phase: str,
             c["temporaries"] = 0
     if job.offload == "optimizer+params":
         c["weights"] = 0 if shard_weights else c["weights"]
-    if s == "ddp" and n > 1 and ddp_buckets:
+    if s is DDP and n > 1 and ddp_buckets:
         c["gradients"] += trace.gradient_bytes   # bucket copies, allocated at DDP construction
     return {k: int(v) for k, v in c.items()}
 
 
-def estimate_memory(trace: Trace, accel: Accelerator, job,
-                    rt: Runtime | None = None) -> MemoryEstimate:
+@dataclass(frozen=True)
+class Fragmentation:
+    """What the caching allocator holds beyond the allocated peak, in bytes of the traced
+    single-device step: `pinned` (segments a live block keeps, the least it must hold) and
+    `reserved` (everything it caches on a device with room)."""
+
+    pinned: int
+    reserved: int
+
+
+def fragmentation(trace: Trace) -> Fragmentation:
+    """The trace's own replay (allocator.py): peak pinned and peak reserved minus peak allocated."""
+    alloc, reserved, pinned = _replay_once(trace)
+    return Fragmentation(max(0, pinned - alloc), max(0, reserved - alloc))
+
+
+def fragmentation_between(at_lo: Fragmentation, at_hi: Fragmentation, lo: int, hi: int,
+                          batch: int) -> Fragmentation:
+    """Fragmentation at `batch` from the replays at two micro-batches lo < hi: that of lo, growing
+    along the line to hi's where hi's is larger, never shrinking. The replay's fragmentation
+    jumps by a segment here and there as sizes change (a 20 MiB segment that happens to be shared
+    or not); read off this line it grows with what the step allocates, so memory is
+    non-decreasing in the micro-batch and the fit answer cannot flip back as b grows."""
+    t = max(0.0, (batch - lo) / (hi - lo))
+
+    def line(a: int, b: int) -> int:
+        return int(a + t * max(0, b - a))
+    return Fragmentation(line(at_lo.pinned, at_hi.pinned), line(at_lo.reserved, at_hi.reserved))
+
+
+def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = None,
+                    frag: Fragmentation | None = None) -> MemoryEstimate:
     """Per-device memory of `job` (as traced) on `accel` under framework runtime `rt` (default:
-    today's PyTorch); see the module docstring."""
+    today's PyTorch); see the module docstring. `frag`: the allocator's fragmentation to apply
+    (default: this trace's own replay; predict/evaluate.py passes the line through its anchors)."""
     rt = rt or runtime()
     phases = trace.phase_peaks or {trace.peak_phase: (trace.peak_allocated_bytes,
                                                        trace.peak_breakdown_bytes)}
@@ -231,58 +262,44 @@ def estimate_memory(trace: Trace, accel: Accelerator, job,
             best_phase, best = phase, t
     allocated = sum(best.values())
     # fragmentation measured on the single-device replay, applied to this strategy's peak
-    peak_alloc_sim, peak_reserved_sim = _replay_once(trace)
-    frag = peak_reserved_sim / peak_alloc_sim if peak_alloc_sim else 1.0
-    reserved = int(allocated * frag)
+    # the single-device replay's fragmentation, scaled to what this strategy's device holds
+    frag = frag or fragmentation(trace)
+    share = allocated / trace.peak_allocated_bytes if trace.peak_allocated_bytes else 1.0
+    reserved = allocated + int(frag.reserved * min(1.0, share))
+    needed = allocated + int(frag.pinned * min(1.0, share))
     overhead = framework_overhead_bytes(accel, rt)
-    if reserved + overhead > accel.usable_memory_bytes >= allocated + overhead:
-        reserved = reserved_at_limit(trace, job, allocated, peak_alloc_sim,
-                                     accel.usable_memory_bytes - overhead) or reserved
     gpu0_extra = 0
-    if job.strategy == "dp" and job.gpus > 1:
+    if job.strategy is DP and job.gpus > 1:
         # GPU 0 gathers every replica's outputs and holds the only optimizer state
         gpu0_extra = (job.gpus - 1) * _output_bytes(trace)
+    capacity = accel.usable_memory_bytes
+    required = needed + gpu0_extra + overhead
+    used = reserved + gpu0_extra + overhead
+    if required <= capacity < used:
+        used = capacity     # the allocator fills the device, then gives cached blocks back
     breakdown = {
         "weights": best["weights"],
         "gradients": best["gradients"],
         "optimizer_states": best["optimizer_states"],
         "activations": best["activations"],
-        "temporaries": best["temporaries"] + best["weight_casts"] + (reserved - allocated),
+        "temporaries": best["temporaries"] + best["weight_casts"] + gpu0_extra,
+        "fragmentation": used - overhead - allocated - gpu0_extra,
         "framework_overhead": overhead,
     }
-    host = _host_ram(trace, job, accel)
-    est = MemoryEstimate(
+    return MemoryEstimate(
         peak_allocated_bytes=allocated + gpu0_extra, peak_reserved_bytes=reserved + gpu0_extra,
-        device_used_bytes=reserved + gpu0_extra + overhead,
-        capacity_bytes=accel.usable_memory_bytes, breakdown_bytes=breakdown,
-        peak_phase=best_phase, host_ram_bytes=host, gpu0_extra_bytes=gpu0_extra)
-    return est
+        device_used_bytes=used, required_bytes=required, capacity_bytes=capacity,
+        breakdown_bytes=breakdown, peak_phase=best_phase,
+        host_ram_bytes=_host_ram(trace, job, accel), gpu0_extra_bytes=gpu0_extra)
 
 
-def _replay_once(trace: Trace) -> tuple[int, int]:
-    """`replay(trace.alloc_events)`, memoised on the trace: it depends on the trace only, and an
-    estimate over every catalog accelerator would otherwise replay the same events each time."""
-    cached = getattr(trace, "_replay_peaks", None)
-    if cached is None:
-        cached = replay(trace.alloc_events)
-        trace._replay_peaks = cached
-    return cached
-
-
-def reserved_at_limit(trace: Trace, job, allocated: int, traced_allocated: int,
-                      free_bytes: int) -> int | None:
-    """Peak reserved when only `free_bytes` are free, or None if the step runs out of memory.
-
-    Replays the traced allocations with the allocator's release-and-retry path (allocator.py).
-    Bytes this job holds beyond the traced step (runtime or strategy terms: kept gradients, DDP
-    buckets) are long-lived, so they are taken off the free memory first. Only a single-device
-    job without offload replays its own allocation order; others return None (no claim).
-    """
-    if job.strategy not in ("single",) or job.gpus > 1 or job.offload != "none":
-        return None
-    extra = max(0, allocated - traced_allocated)
-    peak, oom = replay_within(trace.alloc_events, free_bytes - extra)
-    return None if oom else min(free_bytes, peak + extra)
+def _replay_once(trace: Trace) -> tuple[int, int, int]:
+    """(peak allocated, peak reserved, peak pinned) of the trace's allocations (allocator.py),
+    memoised on the trace: they depend on the trace only."""
+    memo = trace.derived
+    if "replay" not in memo:
+        memo["replay"] = replay(trace.alloc_events)
+    return memo["replay"]
 
 
 def _output_bytes(trace: Trace) -> int:
@@ -298,7 +315,7 @@ def _host_ram(trace: Trace, job, accel: Accelerator) -> int:
     core, pytorch/xla #1870; DataParallel/DDP: one copy per process). Offloaded states live there.
     """
     procs = accel.devices_per_unit * max(1, job.gpus) if accel.kind == "tpu" else (
-        max(1, job.gpus) if job.strategy != "dp" else 1)
+        max(1, job.gpus) if job.strategy is not DP else 1)
     host = procs * trace.weight_bytes
     if job.offload in ("optimizer", "optimizer+params"):
         host += trace.optimizer_state_bytes + trace.gradient_bytes

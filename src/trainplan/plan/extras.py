@@ -1,0 +1,182 @@
+"""What the plan reports show beside the plan itself, computed here in plan/ so that the reports
+only render (report/plan_document.py):
+
+    memory_vs_micro_batch   device memory per device at several micro-batches, for the top
+                            platforms (the HTML chart and the Markdown table of it)
+    catalog                 per platform, the catalog facts and dates the plan rests on
+                            (session limit, quota, host RAM, disk, price; `as_of` of the
+                            platform row and of its accelerator row; source ids)
+
+report/plan_document.py adds both under their own top-level keys of the one document Markdown,
+HTML and `--format json` render.
+
+Memory against micro-batch. For a fixed input shape every activation and temporary is
+b x (per-sample size) and weights, gradients and optimizer state do not depend on b, so device
+memory is affine in the micro-batch b (plan/interpolate.py). The curve therefore needs traces
+at its two ends only, b = 1 and b = hi (the planner has usually traced them already), and every
+point between is an interpolated trace run through memory.py like any other (an upper bound
+where a phase's peak moves to another op; see interpolate.py). Where the two ends do not run the
+same ops (data-dependent control flow) nothing is interpolated and the curve keeps only the
+micro-batches already traced. With P = ceil(target batch /
+devices) the per-device batch: when the plan runs P with no accumulation, hi = max(2P, 8), so the
+chart shows how far the headroom goes; when it accumulates, hi = P - 1, the largest micro-batch that
+still needs accumulation (the planner's own search range). The job is the job as planned on that
+platform: adapted to its devices, with the fix-ladder rungs it keeps, and its accumulation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..accelerators import get_accelerator
+from ..errors import TrainplanError
+from ..predict.interpolate import same_shape_family
+from ..predict.target import semantics_for
+from .planner import platform_job
+
+CURVE_PLATFORMS = 4     # platforms with a memory curve: the top-ranked distinct configurations
+CURVE_POINTS = 8        # micro-batches per curve, evenly spaced over [1, hi], plus P and the plan's
+CURVE_MIN_HI = 8        # without accumulation the curve reaches at least this micro-batch
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    micro_batch_size: int
+    device_used_bytes: int
+    fits: bool
+    interpolated: bool
+
+
+@dataclass(frozen=True)
+class MemoryCurve:
+    platform_id: str
+    accelerator_id: str
+    devices: int
+    grad_accum: int
+    capacity_bytes: int
+    planned_micro_batch_size: int
+    per_device_batch: int
+    points: tuple[CurvePoint, ...]
+
+
+@dataclass(frozen=True)
+class CatalogRow:
+    """The catalog facts one platform's plan rests on (None: no limit or not published)."""
+
+    platform_id: str
+    platform_as_of: str | None
+    status_as_of: str | None
+    accelerator_id: str
+    accelerator_as_of: str | None
+    sources: tuple[str, ...]
+    session_max_s: float | None
+    idle_timeout_s: float | None
+    weekly_quota_s: float | None
+    ram_bytes: int | None
+    cpu_cores: int | None
+    disk_bytes: int | None
+    usd_per_hour: float
+    usd_per_month: float | None
+    background_execution: bool
+
+
+@dataclass(frozen=True)
+class ReportExtras:
+    memory_curves: tuple[MemoryCurve, ...] = ()
+    catalog: tuple[CatalogRow, ...] = ()
+
+
+def curve_batches(per_device: int, planned: int, accumulating: bool,
+                  points: int = CURVE_POINTS) -> list[int]:
+    """Micro-batches for a curve: `points` evenly spaced over [1, hi], plus the plan's micro-batch
+    and P when it lies in range; hi = P - 1 when accumulating, else max(2P, 8) (module docstring)."""
+    hi = max(2, planned, per_device - 1 if accumulating else max(2 * per_device, CURVE_MIN_HI))
+    even = {1 + round(i * (hi - 1) / (points - 1)) for i in range(points)}
+    return sorted(even | {planned, hi} | ({per_device} if per_device <= hi else set()))
+
+
+def _variant(planner, platform, pp):
+    """The job as planned on the platform: adapted, with the kept ladder rungs, its accumulation."""
+    jv, _ = platform_job(planner.job, platform)
+    for f in pp.fixes:
+        if not f.note:               # a rung that was tried and not kept carries a note
+            jv = jv.with_(**f.setting)
+    return jv.with_(grad_accum=pp.grad_accum)
+
+
+def memory_curve(planner, platform, pp) -> MemoryCurve | None:
+    """Device memory against micro-batch for `pp` (a PlatformPlan) on `platform`, or None
+    when the plan has no micro-batch there (the job cannot run on it at all)."""
+    if pp.micro_batch_size is None or pp.grad_accum is None:
+        return None
+    jv = _variant(planner, platform, pp)
+    per_device = planner.per_device(platform)
+    batches = curve_batches(per_device, pp.micro_batch_size, pp.grad_accum > 1)
+    sem = semantics_for(jv, platform.accelerator)
+    try:
+        traced = planner.traces.traced_batches(jv, sem)
+        for b in (batches[0], batches[-1]):       # the ends, unless already inside traced ones
+            if not (traced and traced[0] <= b <= traced[-1]):
+                planner.traces.exact(jv.with_(batch_size=b), sem, b)
+        traced = planner.traces.traced_batches(jv, sem)
+        lo, hi = (planner.traces.exact(jv.with_(batch_size=b), sem, b) for b in (traced[0], traced[-1]))
+        if not same_shape_family(lo, hi):
+            # the op sequence changes with the batch: nothing can be interpolated, and tracing
+            # every point is too slow for a chart; keep the micro-batches already traced
+            batches = [b for b in batches if b in traced]
+        pts = []
+        for b in batches:
+            cfg = planner.evaluate(jv, platform, b, pp.grad_accum)
+            pts.append(CurvePoint(b, int(cfg.memory.device_used_bytes), bool(cfg.memory.fits),
+                                  bool(cfg.interpolated)))
+    except TrainplanError:
+        return None
+    return MemoryCurve(pp.platform_id, pp.accelerator_id, pp.devices, pp.grad_accum,
+                       pp.capacity_bytes, pp.micro_batch_size, per_device, tuple(pts))
+
+
+def memory_curves(planner, plan, platforms, limit: int = CURVE_PLATFORMS) -> tuple[MemoryCurve, ...]:
+    """Curves for the `limit` best-ranked current platforms with distinct configurations
+    (accelerator, devices, strategy, precision, micro-batch split); `platforms` are the
+    Platform rows the plan was made from."""
+    by_id = {p.id: p for p in platforms}
+    seen, out = set(), []
+    for pp in plan.platforms:
+        if len(out) >= limit:
+            break
+        if pp.verdict == "RETIRED" or pp.platform_id not in by_id:
+            continue
+        key = (pp.accelerator_id, pp.devices, pp.strategy, pp.precision, pp.grad_accum,
+               tuple(f.rung for f in pp.fixes if not f.note))
+        if key in seen:
+            continue
+        seen.add(key)
+        curve = memory_curve(planner, by_id[pp.platform_id], pp)
+        if curve is not None:
+            out.append(curve)
+    return tuple(out)
+
+
+def catalog_rows(plan, platforms) -> tuple[CatalogRow, ...]:
+    """The catalog row behind each planned platform, in the plan's order."""
+    by_id = {p.id: p for p in platforms}
+    out = []
+    for pp in plan.platforms:
+        p = by_id.get(pp.platform_id)
+        if p is None:
+            continue
+        try:
+            acc_as_of = get_accelerator(p.accelerator_id).as_of
+        except TrainplanError:
+            acc_as_of = None
+        out.append(CatalogRow(p.id, p.as_of, p.status_as_of, p.accelerator_id, acc_as_of,
+                              tuple(p.sources), p.session_max_s, p.idle_timeout_s,
+                              p.weekly_quota_s, p.ram_bytes, p.cpu_cores, p.disk_bytes,
+                              p.usd_per_hour, p.usd_per_month, p.background_execution))
+    return tuple(out)
+
+
+def plan_extras(plan, platforms, planner=None) -> ReportExtras:
+    """Everything the reports add to the plan; memory curves only when a planner (with the
+    plan's traces) is given."""
+    curves = memory_curves(planner, plan, platforms) if planner is not None else ()
+    return ReportExtras(curves, catalog_rows(plan, platforms))

@@ -1,0 +1,132 @@
+"""Precision: what a job stores its weights in, what its kernels compute in, and whether it keeps
+fp32 master weights. One type, parsed once where a job is read (spec.py); everything else asks it.
+
+    name       weights stored   kernels compute in              master   loss scaling
+    fp32       fp32             fp32 (matmuls; cuDNN convs TF32) -        -
+    tf32       fp32             TF32 tensor cores (matmuls too)  -        -
+    fp16-amp   fp32             fp16 (torch.autocast)            fp32     yes (GradScaler)
+    bf16-amp   fp32             bf16 (torch.autocast)            fp32     no
+    fp16       fp16             fp16 (model.half())              none     yes
+    bf16       bf16             bf16 (model.to(bfloat16))        none     no
+
+`fp32` follows PyTorch's defaults since 1.12: `torch.backends.cuda.matmul.allow_tf32 = False`,
+`torch.backends.cudnn.allow_tf32 = True` (PyTorch docs, "TensorFloat-32 (TF32) on Ampere (and
+later) devices"). `tf32` is `torch.set_float32_matmul_precision("high")`.
+
+One word, two meanings. accelerate's `mixed_precision: fp16` (and the seeds' `run:
+mixed_precision:`) means AMP: fp32 weights, fp16 autocast. trainplan's own `precision: fp16` means
+pure fp16 (the whole model in fp16, no master copy), as `model.half()` does. So the spelling is read
+in its context (`parse(text, mixed=True)` for a `mixed_precision` key) and every output prints the
+`label`, which says which one was planned.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import TrainplanError, close_matches
+from .named import Named
+
+
+@dataclass(frozen=True, eq=False)
+class Precision(Named):
+    name: str                 # the canonical spelling
+    stored: str               # dtype of the parameters as stored: float32 | float16 | bfloat16
+    compute: str              # what matmuls/convs compute in: fp32 | tf32 | fp16 | bf16
+    autocast: str | None      # torch.autocast dtype (float16 | bfloat16), None without AMP
+    label: str                # what every output prints
+    spellings: tuple[str, ...] = ()
+
+    @property
+    def amp(self) -> bool:
+        """Mixed precision: fp32 weights (the master copy) and 16-bit autocast kernels."""
+        return self.autocast is not None
+
+    @property
+    def pure_half(self) -> bool:
+        """The whole model in 16 bits, no fp32 master copy."""
+        return self.stored != "float32"
+
+    @property
+    def half(self) -> str | None:
+        """The 16-bit dtype the kernels compute in ("float16" | "bfloat16"), None for fp32/tf32."""
+        return {"fp16": "float16", "bf16": "bfloat16"}.get(self.compute)
+
+    @property
+    def is_bf16(self) -> bool:
+        return self.compute == "bf16"
+
+    @property
+    def is_fp16(self) -> bool:
+        return self.compute == "fp16"
+
+    @property
+    def loss_scaling(self) -> bool:
+        """fp16 gradients underflow without a loss scale (torch.cuda.amp.GradScaler)."""
+        return self.is_fp16
+
+    @property
+    def full(self) -> bool:
+        """fp32 or tf32: no 16-bit anywhere."""
+        return self.half is None
+
+    def with_compute(self, compute: str) -> "Precision":
+        """The same kind of precision (AMP or pure) in another 16-bit dtype: bf16 -> fp16."""
+        return next(p for p in ALL if p.amp == self.amp and p.compute == compute
+                    and p.pure_half == self.pure_half)
+
+
+FP32 = Precision("fp32", "float32", "fp32", None,
+                 "fp32 (TF32 matmuls off, as PyTorch defaults; cuDNN convolutions in TF32)",
+                 ("fp32", "float32", "no", "none", "full"))
+TF32 = Precision("tf32", "float32", "tf32", None,
+                 "fp32 weights, TF32 tensor-core matmuls (float32_matmul_precision high)",
+                 ("tf32",))
+FP16_AMP = Precision("fp16-amp", "float32", "fp16", "float16",
+                     "fp16 mixed precision (AMP autocast, fp32 master weights, loss scaling)",
+                     ("fp16-amp", "amp", "fp16-mixed", "16-mixed", "mixed-fp16"))
+BF16_AMP = Precision("bf16-amp", "float32", "bf16", "bfloat16",
+                     "bf16 mixed precision (AMP autocast, fp32 master weights)",
+                     ("bf16-amp", "bf16-mixed", "mixed-bf16"))
+FP16 = Precision("fp16", "float16", "fp16", None,
+                 "pure fp16 (weights, gradients and optimizer in fp16; no master copy)",
+                 ("fp16", "half", "float16", "16-true"))
+BF16 = Precision("bf16", "bfloat16", "bf16", None,
+                 "pure bf16 (weights, gradients and optimizer in bf16; no master copy)",
+                 ("bf16", "bfloat16", "bf16-true"))
+ALL: tuple[Precision, ...] = (FP32, TF32, FP16_AMP, BF16_AMP, FP16, BF16)
+NAMES = tuple(p.name for p in ALL)
+
+# accelerate / the seeds' `mixed_precision:` key: the value names the autocast dtype
+_MIXED = {"fp16": FP16_AMP, "bf16": BF16_AMP, "no": FP32, "none": FP32, "fp32": FP32, "fp8": None}
+
+
+def _table() -> dict[str, Precision]:
+    return {s: p for p in ALL for s in p.spellings}
+
+
+def parse(value, mixed: bool = False, where: str = "--precision") -> Precision:
+    """A spelling -> its Precision. `mixed`: the value comes from a `mixed_precision` key
+    (accelerate's meaning: fp16 = AMP). Raises TrainplanError with the accepted spellings."""
+    if isinstance(value, Precision):
+        return value
+    text = str(value).strip().lower().replace("_", "-")
+    if mixed and text in _MIXED:
+        p = _MIXED[text]
+        if p is None:
+            raise TrainplanError(f"{where} {value!r}: fp8 training (Transformer Engine) is not "
+                                 "modelled.", fix="plan it as bf16 mixed precision: bf16")
+        return p
+    table = _table()
+    if text in table:
+        return table[text]
+    m = close_matches(text, list(table))
+    hint = f" Did you mean {m[0]!r}?" if m else ""
+    raise TrainplanError(f"{where} {value!r} is not a precision.{hint}", allowed=", ".join(NAMES))
+
+
+def spellings_table() -> list[tuple[str, str, str]]:
+    """(canonical name, accepted spellings, meaning) for the README and `--help`."""
+    rows = [(p.name, ", ".join(p.spellings), p.label) for p in ALL]
+    rows.append(("(mixed_precision: key)", "fp16 -> fp16-amp, bf16 -> bf16-amp, no -> fp32",
+                 "accelerate's meaning: the autocast dtype of mixed precision"))
+    return rows

@@ -1,0 +1,162 @@
+"""What a target cannot run, in one table: each rule gives the finding a user reads and, where
+there is one, the rewrite to the nearest job the target does run.
+
+`estimate` asks `check` (a fatal rule is an error with exit 2: the job cannot run there at all);
+`plan` asks `adapt` first (every rewrite applied, each listed as a change), then `check` on what
+it will run; the fix ladder asks `violation` of every rung it proposes, and skips a rung the
+target cannot run with the rule's reason (8-bit AdamW or QLoRA on a TPU, ZeRO on one device).
+
+Facts: bf16 needs sm80+ (CUDA bf16 arithmetic; NVIDIA A100 whitepaper); FlashAttention-2 needs sm80+
+(Dao-AILab/flash-attention README); bitsandbytes and DeepSpeed offload are CUDA-only; DataParallel
+is `torch.nn.DataParallel`, CUDA-only; TPUs compute autocast in bf16 (torch_xla AMP docs).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..accelerators import Accelerator
+from ..errors import TrainplanError
+from ..precision import FP16_AMP
+from ..strategy import DDP, DP, SINGLE
+from .findings import Finding
+from .target import devices
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: str                                       # error | warning | info
+    applies: Callable[[object, Accelerator], bool]
+    message: Callable[[object, Accelerator], str]
+    fix: Callable[[object, Accelerator], str | None]
+    rewrite: Callable[[object, Accelerator], object] | None = None   # nearest runnable job
+    fatal: bool = False     # `estimate` refuses the job (the target cannot run it at all)
+    kind: str = "compatibility"
+
+    def finding(self, job, accel: Accelerator) -> Finding:
+        return Finding(self.severity, self.message(job, accel), self.fix(job, accel), self.kind)
+
+
+def _gpu(accel) -> bool:
+    return accel.kind == "gpu"
+
+
+def _bnb(job) -> bool:
+    return job.quantize != "none" or job.optimizer == "adamw-8bit"
+
+
+def _bnb_what(job) -> str:
+    return f"QLoRA {job.quantize}" if job.quantize != "none" else "8-bit AdamW"
+
+
+def _sm(accel) -> str:
+    return "sm" + str(accel.compute_capability).replace(".", "")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("bitsandbytes-cuda-only", "error",
+         lambda j, a: a.kind == "tpu" and _bnb(j),
+         lambda j, a: f"{a.id} cannot run bitsandbytes ({_bnb_what(j)}): its kernels are CUDA-only.",
+         lambda j, a: "on a TPU use LoRA in bf16 (--quantize none) and --optimizer adamw or adafactor",
+         lambda j, a: j.with_(quantize="none",
+                              optimizer="adamw" if j.optimizer == "adamw-8bit" else j.optimizer),
+         fatal=True),
+    Rule("offload-cuda-only", "error",
+         lambda j, a: a.kind == "tpu" and j.offload != "none",
+         lambda j, a: f"CPU offload is a DeepSpeed (CUDA) feature; {a.id} cannot run it.",
+         lambda j, a: "drop --offload",
+         lambda j, a: j.with_(offload="none"), fatal=True),
+    Rule("dataparallel-cuda-only", "error",
+         lambda j, a: a.kind == "tpu" and j.strategy is DP,
+         lambda j, a: "DataParallel (--strategy dp) is CUDA-only.",
+         lambda j, a: "TPUs replicate over their cores: use --strategy ddp",
+         lambda j, a: j.with_(strategy=DDP), fatal=True),
+    Rule("sharding-one-device", "error",
+         lambda j, a: j.strategy.sharded and devices(j, a) <= 1 and j.offload == "none",
+         lambda j, a: f"--strategy {j.strategy} on one device shards nothing.",
+         lambda j, a: "add --gpus N (N > 1), or --offload optimizer to move optimizer state to "
+                      "the host",
+         lambda j, a: j.with_(strategy=SINGLE), fatal=True),
+    Rule("bf16-needs-sm80", "error",
+         lambda j, a: _gpu(a) and j.precision.is_bf16 and not a.supports_bf16,
+         lambda j, a: f"{a.id} has no bf16 (needs sm80+; compute capability "
+                      f"{a.compute_capability}); bf16 would be emulated or fail.",
+         lambda j, a: f"use --precision {j.precision.with_compute('fp16')} (with loss scaling)",
+         lambda j, a: j.with_(precision=j.precision.with_compute("fp16"))),
+    Rule("flash-needs-sm80", "warning",
+         lambda j, a: _gpu(a) and j.attention == "flash" and not a.flash_attention_2,
+         lambda j, a: f"FlashAttention-2 needs sm80+ and {a.id} is {_sm(a)}; PyTorch falls back "
+                      "to the memory-efficient kernel.",
+         lambda j, a: "use --attention sdpa (same memory, no flash-attn install)",
+         lambda j, a: j.with_(attention="sdpa")),
+    Rule("fp32-on-fp16-tensor-cores", "info",
+         lambda j, a: _gpu(a) and j.precision.full and "fp16" in a.tensor_cores
+         and "tf32" not in a.tensor_cores,
+         lambda j, a: f"{a.id}'s tensor cores do fp16 only; fp32 runs at "
+                      f"{a.peak_flops('fp32') / 1e12:.1f} TFLOP/s.",
+         lambda j, a: "use --precision fp16-amp for tensor-core speed", kind="advice"),
+    Rule("fp16-without-tensor-cores", "info",
+         lambda j, a: _gpu(a) and a.tensor_cores in ("", "none") and j.precision.is_fp16,
+         lambda j, a: f"{a.id} has no tensor cores: fp16 saves memory but gains little speed.",
+         lambda j, a: None, kind="advice"),
+    Rule("dataparallel-imbalance", "warning",
+         lambda j, a: j.strategy is DP and j.gpus > 1,
+         lambda j, a: "DataParallel gathers outputs and keeps the optimizer on GPU 0 (more memory "
+                      "there) and runs one Python thread per GPU.",
+         lambda j, a: "use DDP (torchrun --nproc-per-node N): --strategy ddp", kind="advice"),
+    Rule("tpu-computes-bf16", "info",
+         lambda j, a: a.kind == "tpu" and j.precision is FP16_AMP,
+         lambda j, a: "TPUs compute in bf16; fp16 AMP is traced as bf16.",
+         lambda j, a: None, kind="advice"),
+    Rule("pure-half-no-master-weights", "info",
+         lambda j, a: j.precision.pure_half,
+         lambda j, a: f"{j.precision.label}: small updates can round away.",
+         lambda j, a: f"use --precision {j.precision}-amp unless memory forbids", kind="advice"),
+)
+
+
+def check(job, accel: Accelerator, strict: bool = True) -> list[Finding]:
+    """Findings for `job` as written on `accel`. `strict`: a fatal rule raises TrainplanError
+    (the job cannot run there at all: `estimate` answers it as bad input)."""
+    out = []
+    for rule in RULES:
+        if not rule.applies(job, accel):
+            continue
+        f = rule.finding(job, accel)
+        if strict and rule.fatal:
+            raise TrainplanError(f.message, fix=f.fix)
+        out.append(f)
+    return out
+
+
+def adapt(job, accel: Accelerator) -> tuple[object, list[str]]:
+    """Every rewrite that applies, in table order: (the job the target runs, what changed)."""
+    changes = []
+    for rule in RULES:
+        if rule.rewrite is None or not rule.applies(job, accel):
+            continue
+        new = rule.rewrite(job, accel)
+        changes.append(f"{_describe(job, new)} ({rule.message(job, accel)})")
+        job = new
+    return job, changes
+
+
+def violation(job, accel: Accelerator) -> Finding | None:
+    """The first rule with a rewrite or a fatal error that `job` breaks on `accel` (None: it runs).
+    The fix ladder skips a rung whose job breaks one, with this reason."""
+    for rule in RULES:
+        if (rule.fatal or rule.rewrite is not None) and rule.severity == "error" \
+                and rule.applies(job, accel):
+            return rule.finding(job, accel)
+    return None
+
+
+_FIELDS = ("precision", "attention", "quantize", "optimizer", "offload", "strategy")
+
+
+def _describe(old, new) -> str:
+    """'precision fp16-amp instead of bf16-amp' for the fields a rewrite changed."""
+    parts = [f"{f} {getattr(new, f)} instead of {getattr(old, f)}" for f in _FIELDS
+             if getattr(new, f) != getattr(old, f)]
+    return ", ".join(parts)

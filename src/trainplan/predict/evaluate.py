@@ -1,0 +1,161 @@
+"""One job on one accelerator: the single path from a job to memory, step time and findings, and
+the single search for the largest micro-batch that fits. `estimate`, `plan`, its fix ladder and
+its reports all come through here.
+
+    evaluate(job, accel, calibration, traces)  -> Evaluation
+    largest_micro_batch(job, accel, traces, limit) -> int | None
+
+The largest micro-batch. Whether micro-batch b fits is decided on `MemoryEstimate.required_bytes`
+(memory.py), on the trace `Traces.at` gives for b: real at 1 and at the anchors 2 and 32, every
+other b read off the line through the anchors, which equals a real trace (interpolate.py). The
+search starts where the line through the anchors' memory crosses the capacity, gallops from
+there to a micro-batch that fits and one that does not, and finds the crossing between them
+(regula falsi); memory is non-decreasing in b, so the path does not change the answer. Every evaluation of every job reads the same traces, never the batch the user
+asked about, so the answer is the same however the question was asked
+(tests/test_predict_properties.py), and `estimate` and `plan` agree
+(tests/test_estimate_plan_agree.py). A model whose op sequence changes with the batch cannot be
+read off a line: there every probe is a real trace.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..accelerators import Accelerator
+from ..trace.tracer import Trace
+from . import compat
+from .calibration import BUNDLED_ONLY, Calibration
+from .findings import Finding
+from .memory import MemoryEstimate, estimate_memory, fragmentation, fragmentation_between
+from .target import devices, semantics_for
+from .timing import StepTime, estimate_step_time
+from .traces import ANCHORS, Traces
+
+MAX_MICRO_BATCH = 65536    # the search's ceiling: beyond it the answer is this bound
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A job at its micro-batch on `devices` devices of `accel`."""
+
+    job: object
+    accel: Accelerator
+    devices: int
+    trace: Trace
+    interpolated: bool                # the trace lies between two traced micro-batches
+    memory: MemoryEstimate
+    time: StepTime
+    findings: tuple[Finding, ...]
+    calibration: dict                 # what the step time rests on (Calibration.source)
+
+    @property
+    def fits(self) -> bool:
+        """The device holds the step and nothing else stops the job here."""
+        return self.memory.fits and not any(f.severity == "error" for f in self.findings)
+
+    @property
+    def blocked(self) -> bool:
+        """An error that no micro-batch can cure (the target cannot run the job as written)."""
+        return any(f.blocks for f in self.findings)
+
+
+def memory_finding(mem: MemoryEstimate, accel: Accelerator) -> Finding:
+    gib = 2**30
+    return Finding("error", f"needs {mem.required_bytes / gib:.2f} GiB per device, {accel.id} has "
+                            f"{mem.capacity_bytes / gib:.2f} GiB",
+                   "a smaller micro-batch with accumulation, or `trainplan plan` for the fix "
+                   "ladder (checkpointing, LoRA, ZeRO, offload)", kind="memory")
+
+
+def gpu0_finding(mem: MemoryEstimate) -> list[Finding]:
+    """DataParallel's imbalance, when the memory model found one."""
+    if not mem.gpu0_extra_bytes:
+        return []
+    return [Finding("warning", f"GPU 0 holds {mem.gpu0_extra_bytes / 2**30:.2f} GiB more than the "
+                               "others (DataParallel gathers outputs there).",
+                    "use DDP (torchrun): --strategy ddp", kind="strategy")]
+
+
+def memory_at(job, accel: Accelerator, traces: Traces, sem, batch: int
+              ) -> tuple[Trace, bool, MemoryEstimate]:
+    """(trace, interpolated?, memory) of `job` at micro-batch `batch`, with the allocator's
+    fragmentation read off the line through the anchors' replays (memory.fragmentation_between),
+    so memory is non-decreasing in the micro-batch."""
+    tr, interpolated = traces.at(job, sem, batch)
+    lo, hi = ANCHORS
+    frag = fragmentation_between(fragmentation(traces.exact(job, sem, lo)),
+                                 fragmentation(traces.exact(job, sem, hi)), lo, hi, batch)
+    return tr, interpolated, estimate_memory(tr, accel, job.with_(batch_size=batch), frag=frag)
+
+
+def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
+             traces: Traces | None = None, cpu_cores: int | None = None,
+             strict: bool = True) -> Evaluation:
+    """`job` at `job.batch_size` on `job.gpus` units of `accel`. `strict`: what the target cannot
+    run at all raises TrainplanError (compat.py); the planner adapts the job first and passes
+    False. `cpu_cores`: the host's, caps DataLoader workers (timing.input_pipeline)."""
+    traces = traces or Traces()
+    findings = compat.check(job, accel, strict=strict)
+    sem = semantics_for(job, accel)
+    traces.prefetch([(job, sem, b) for b in sorted({job.batch_size, *ANCHORS})])
+    tr, interpolated, mem = memory_at(job, accel, traces, sem, job.batch_size)
+    time = calibration.apply(estimate_step_time(tr, accel, job, calibration.params,
+                                                cpu_cores=cpu_cores), accel.id)
+    findings += gpu0_finding(mem)
+    if not mem.fits:
+        findings.append(memory_finding(mem, accel))
+    return Evaluation(job, accel, devices(job, accel), tr, interpolated, mem, time,
+                      tuple(findings), calibration.source(accel.id))
+
+
+def largest_micro_batch(job, accel: Accelerator, traces: Traces,
+                        limit: int = MAX_MICRO_BATCH) -> int | None:
+    """The largest micro-batch b <= `limit` whose memory fits `accel` (None if 1 does not); see
+    the module docstring. Other settings (accumulation, strategy, devices) are the job's."""
+    sem = semantics_for(job, accel)
+    cap = accel.usable_memory_bytes
+
+    def need(b: int) -> int:
+        return memory_at(job, accel, traces, sem, b)[2].required_bytes
+
+    lo, hi = ANCHORS
+    if limit == 1 or need(lo) > cap:
+        return 1 if need(1) <= cap else None
+    r_lo, r_hi = need(lo), need(hi)
+    # where the anchors' line crosses the capacity, then gallop from there to a bracket
+    guess = limit if r_hi <= r_lo else lo + (cap - r_lo) * (hi - lo) // (r_hi - r_lo)
+    b = max(lo, min(limit, guess))
+    r, step = need(b), 1
+    if r <= cap:
+        good = (b, r)
+        while good[0] < limit:
+            b = min(limit, good[0] + step)
+            r = need(b)
+            if r > cap:
+                return _last_fitting(need, cap, good, b, r)
+            good, step = (b, r), step * 2
+        return limit
+    bad, r_bad = b, r
+    while True:
+        b = max(lo, bad - step)
+        r = need(b)
+        if r <= cap:
+            return _last_fitting(need, cap, (b, r), bad, r_bad)
+        bad, r_bad, step = b, r, step * 2
+
+
+def _last_fitting(need, cap: int, good: tuple[int, int], bad: int, r_bad: int) -> int:
+    """The largest b in [good, bad) with need(b) <= cap, given need at both ends. Memory is
+    near-affine in between (the line between two anchors), so each step guesses where the line
+    crosses the capacity and checks the guess and the micro-batch after it (regula falsi), with
+    bisection as the fallback: two or three evaluations where bisection takes eight."""
+    (lo, r_lo), hi, r_hi = good, bad, r_bad
+    while hi - lo > 1:
+        guess = lo + int((cap - r_lo) * (hi - lo) // max(1, r_hi - r_lo))
+        for b in (guess, guess + 1) if lo < guess < hi - 1 else ((lo + hi) // 2,):
+            r = need(b)
+            if r <= cap:
+                lo, r_lo = b, r
+            else:
+                hi, r_hi = b, r
+                break
+    return lo

@@ -1,0 +1,105 @@
+"""A traced step at micro-batch b, from traces of the same job at two other micro-batches.
+
+For a fixed input shape a training step runs the same ops at every micro-batch size b >= 2; only
+their sizes change, and every size is affine in b: an activation is b x (per-sample shape), a
+matmul's FLOPs b x (per-sample FLOPs), a weight, gradient or optimizer state does not depend on b
+at all. So each op's FLOPs and bytes and each allocation's size is
+x(b) = x(lo) + (b - lo) / (hi - lo) x (x(hi) - x(lo)), between the two traces or beyond the
+larger one (`extrapolate`). A phase's peak is not affine (it is the largest of the live totals,
+and which allocation reaches it can change as b grows), so it is recomputed from the allocation
+sizes by replaying the tracer's memory log (trace/counters.py, `phase_peaks_from_log`), and the
+allocator model replays the same sizes (allocator.py). The result equals a real trace at b
+(tests/test_predict_properties.py checks five kinds of model).
+
+b = 1 is not on the line: broadcasting a batch of one is a view, of more a copy, so traces at 1
+differ in bytes; traces.py keeps 1 a real trace of its own. The two traces must run the same op
+and allocation sequence (`same_shape_family`); otherwise (data-dependent control flow, a kernel
+that changes with size) b itself is traced.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import numpy as np
+
+from ..trace.counters import ALLOC, phase_peaks_from_log
+from ..trace.tracer import ModuleRow, Trace
+
+
+def same_shape_family(lo: Trace, hi: Trace) -> bool:
+    """True when the two traces ran the same ops and allocations in the same order."""
+    if len(lo.ops) != len(hi.ops) or len(lo.alloc_events) != len(hi.alloc_events):
+        return False
+    if lo.phase_peaks.keys() != hi.phase_peaks.keys() or len(lo.modules) != len(hi.modules):
+        return False
+    if len(lo.memory_log) != len(hi.memory_log):
+        return False
+    for a, b in zip(lo.ops, hi.ops):
+        if a.name != b.name or a.phase != b.phase or a.dtype != b.dtype or a.recompute != b.recompute:
+            return False
+    return all(a[0] == b[0] and (a[1] > 0) == (b[1] > 0)
+               for a, b in zip(lo.alloc_events, hi.alloc_events))
+
+
+def _line(x0: list[float], x1: list[float], f: float) -> np.ndarray:
+    """x0 + f (x1 - x0), elementwise, never below 0 (a size or a count)."""
+    a = np.asarray(x0, dtype=np.float64)
+    return np.maximum(0.0, a + f * (np.asarray(x1, dtype=np.float64) - a))
+
+
+def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False) -> Trace:
+    """The trace at `batch`, lo.batch_size < batch < hi.batch_size, by affine interpolation (or,
+    with `extrapolate`, batch > hi.batch_size along the same line; no count goes below 0)."""
+    b0, b1 = lo.batch_size, hi.batch_size
+    if not (b0 < batch < b1 or extrapolate and batch > b1 > b0):
+        raise ValueError(f"batch {batch} is not strictly between {b0} and {b1}")
+    f = (batch - b0) / (b1 - b0)
+
+    def num(x0, x1):
+        return max(0.0, x0 + f * (x1 - x0)) if extrapolate else x0 + f * (x1 - x0)
+
+    def whole(x0, x1) -> int:
+        return int(round(num(x0, x1)))
+
+    def nested(d0: dict, d1: dict) -> dict:
+        return {k: {kk: num(v, d1[k][kk]) for kk, v in inner.items()} for k, inner in d0.items()}
+
+    # every other field (name, dtype, module, recompute, convolution group size) is the same in
+    # both traces (same_shape_family), so each record is copied whole and only its work changes
+    flops = _line([o.flops for o in lo.ops], [o.flops for o in hi.ops], f)
+    moved = _line([o.bytes for o in lo.ops], [o.bytes for o in hi.ops], f)
+    ops = []
+    for a, fl, by in zip(lo.ops, flops.tolist(), moved.tolist()):
+        r = copy.copy(a)
+        r.flops, r.bytes = fl, by
+        ops.append(r)
+    # every allocation's size is affine in the batch (frees carry the size negated); the phase
+    # peaks are recomputed from the sizes exactly as the tracer computes them, since which
+    # allocation reaches a phase's peak can change as b grows
+    n = np.rint(_line([abs(e[1]) for e in lo.alloc_events], [abs(e[1]) for e in hi.alloc_events],
+                      f)).astype(np.int64).tolist()
+    events = [(e[0], k if e[1] > 0 else -k) for e, k in zip(lo.alloc_events, n)]
+    a0 = [e for e in lo.memory_log if e[0] == ALLOC]
+    a1 = [e[2] for e in hi.memory_log if e[0] == ALLOC]
+    k = np.rint(_line([e[2] for e in a0], a1, f)).astype(np.int64).tolist()
+    sizes = {e[1]: kk for e, kk in zip(a0, k)}
+    log = [(e[0], e[1], sizes[e[1]], *e[3:]) if e[0] == ALLOC else e for e in lo.memory_log]
+    phase_peaks = phase_peaks_from_log(log)
+    peak_phase = max(phase_peaks, key=lambda ph: phase_peaks[ph][0])
+    modules = [ModuleRow(a.name, a.depth, a.params, a.trainable_params,
+                         whole(a.activation_bytes, b.activation_bytes),
+                         num(a.flops_forward, b.flops_forward), num(a.flops_backward, b.flops_backward))
+               for a, b in zip(lo.modules, hi.modules)]
+    timeline = ([(p, whole(x, y)) for (p, x), (_q, y) in zip(lo.timeline, hi.timeline)]
+                if len(lo.timeline) == len(hi.timeline) else list(hi.timeline))
+    return replace(
+        hi, batch_size=batch, ops=ops, alloc_events=events, phase_peaks=phase_peaks,
+        peak_phase=peak_phase, peak_allocated_bytes=phase_peaks[peak_phase][0],
+        peak_breakdown_bytes=dict(phase_peaks[peak_phase][1]),
+        flops=nested(lo.flops, hi.flops), bytes_moved=nested(lo.bytes_moved, hi.bytes_moved),
+        recompute_flops=num(lo.recompute_flops, hi.recompute_flops),
+        activation_bytes=whole(lo.activation_bytes, hi.activation_bytes),
+        weight_cast_bytes=whole(lo.weight_cast_bytes, hi.weight_cast_bytes),
+        modules=modules, timeline=timeline, memory_log=log, trace_seconds=0.0,
+        notes=list(hi.notes))

@@ -1,0 +1,40 @@
+"""What a job means on a target accelerator: its devices and its kernel semantics.
+
+Devices: `job.gpus` units of the accelerator, each of `devices_per_unit` devices (a TPU v5e-8 is one
+unit of 8 chips). Kernel semantics (trace/semantics.py): the attention backend the target picks for
+the job's request, the autocast dtype (TPUs compute AMP in bf16 whatever dtype is asked, as XLA
+does), channels-last. Two targets with equal semantics share a trace.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..accelerators import Accelerator
+from ..trace.semantics import KernelSemantics, attention_backend_for
+from ..trace.tracer import autocast_dtype
+
+
+def devices(job, accel: Accelerator) -> int:
+    """Devices the job runs on: gpus x devices per unit."""
+    return max(1, job.gpus) * accel.devices_per_unit
+
+
+def compute_capability(accel: Accelerator) -> float | None:
+    try:
+        return float(accel.compute_capability)
+    except (TypeError, ValueError):
+        return None
+
+
+def semantics_for(job, accel: Accelerator) -> KernelSemantics:
+    """What the accelerator's kernels do for this job (see trace/semantics.py)."""
+    autocast = autocast_dtype(job.precision)
+    if accel.kind == "tpu":
+        autocast = torch.bfloat16 if autocast is not None else None
+        attention = "efficient" if job.attention in ("auto", "sdpa", "flash") else job.attention
+    else:
+        attention = attention_backend_for(compute_capability(accel), job.attention)
+        if attention == "flash" and not accel.flash_attention_2:
+            attention = "efficient"
+    return KernelSemantics(attention=attention, autocast_dtype=autocast,
+                           channels_last=bool(job.channels_last))

@@ -1,0 +1,75 @@
+"""Strategy: how a job spreads over devices and what each device holds. One type, parsed once where
+a job is read (spec.py); memory, timing, the fix ladder and the reports ask it.
+
+    name    launcher                          each device holds (of N devices)
+    single  python train.py                   everything
+    dp      torch.nn.DataParallel (1 process) everything; GPU 0 also the gathered outputs
+    ddp     torchrun, DistributedDataParallel everything + DDP's gradient buckets
+    zero1   DeepSpeed ZeRO stage 1            optimizer state / N           (P_os)
+    zero2   DeepSpeed ZeRO stage 2            optimizer state, gradients / N (P_os+g)
+    zero3   DeepSpeed ZeRO stage 3            optimizer state, gradients, weights / N (P_os+g+p)
+    fsdp    PyTorch FSDP (FULL_SHARD)         as zero3
+
+Stages from Rajbhandari et al. 2020 (ZeRO, arXiv:1910.02054, section 5); FSDP from Zhao et al.
+2023 (arXiv:2304.11277). `order` ranks how much a strategy shards, for the fix ladder.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import TrainplanError, close_matches
+from .named import Named
+
+
+@dataclass(frozen=True, eq=False)
+class Strategy(Named):
+    name: str
+    label: str
+    shards_optimizer: bool = False
+    shards_gradients: bool = False
+    shards_weights: bool = False
+    distributed: bool = False      # one process per device (torchrun / deepspeed launchers)
+    order: int = 0                 # how much is sharded: single/dp/ddp 0, zero1 1, zero2 2, zero3 3
+
+    @property
+    def sharded(self) -> bool:
+        """Shards something over the devices: needs more than one device (or CPU offload)."""
+        return self.shards_optimizer
+
+    @property
+    def replicated(self) -> bool:
+        """Every device holds the whole model: single, dp, ddp."""
+        return not self.shards_optimizer
+
+
+SINGLE = Strategy("single", "one device")
+DP = Strategy("dp", "DataParallel (one process, replicas on every GPU)")
+DDP = Strategy("ddp", "DistributedDataParallel (torchrun, one process per device)", distributed=True)
+ZERO1 = Strategy("zero1", "DeepSpeed ZeRO-1 (optimizer state sharded)", True, distributed=True,
+                 order=1)
+ZERO2 = Strategy("zero2", "DeepSpeed ZeRO-2 (optimizer state and gradients sharded)", True, True,
+                 distributed=True, order=2)
+ZERO3 = Strategy("zero3", "DeepSpeed ZeRO-3 (optimizer state, gradients and weights sharded)",
+                 True, True, True, distributed=True, order=3)
+FSDP = Strategy("fsdp", "PyTorch FSDP, full sharding (as ZeRO-3)", True, True, True,
+                distributed=True, order=3)
+ALL: tuple[Strategy, ...] = (SINGLE, DP, DDP, FSDP, ZERO1, ZERO2, ZERO3)
+NAMES = tuple(s.name for s in ALL)
+_ALIASES = {"none": SINGLE, "no": SINGLE, "dataparallel": DP, "data-parallel": DP,
+            "deepspeed-zero1": ZERO1, "deepspeed-zero2": ZERO2, "deepspeed-zero3": ZERO3,
+            "zero-1": ZERO1, "zero-2": ZERO2, "zero-3": ZERO3, "fsdp1": FSDP, "full-shard": FSDP}
+
+
+def parse(value, where: str = "--strategy") -> Strategy:
+    """A spelling -> its Strategy; TrainplanError with the choices otherwise."""
+    if isinstance(value, Strategy):
+        return value
+    text = str(value).strip().lower().replace("_", "-")
+    for s in ALL:
+        if s.name == text:
+            return s
+    if text in _ALIASES:
+        return _ALIASES[text]
+    m = close_matches(text, list(NAMES))
+    hint = f" Did you mean {m[0]!r}?" if m else ""
+    raise TrainplanError(f"{where} {value!r} is not a strategy.{hint}", allowed=", ".join(NAMES))

@@ -1,0 +1,185 @@
+"""`trainplan plan` and `trainplan estimate` agree: for each bundled example and each platform it
+is planned on, `estimate` of the job as planned there (the platform's accelerator and count, the
+plan's strategy, precision, micro-batch and accumulation, after any fix) gives the plan's memory,
+step time and largest micro-batch (plan/build.py: "the same search, the same answer `trainplan
+estimate` gives for that job there").
+
+Each example is planned once (module scope). Each `estimate` runs on a fresh trace cache, as the
+command does; real traces are deterministic, so `trace_step` is memoised for the module and the
+estimates re-use the plan's real traces instead of tracing them again (which batches each cache
+holds, and so what it interpolates, is unchanged). Platforms: those each example lists.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import trainplan.predict.traces as traces_mod
+from trainplan.estimate import estimate
+from trainplan.plan import Planner, make_plan, select_platforms
+from trainplan.plan.planner import platform_job
+from trainplan.spec import load_job, validate
+from trainplan.trace.tracer import Trace
+
+ROOT = Path(__file__).resolve().parents[1]
+REL = 1e-9
+
+# example -> the platforms it lists (`platforms:`), named here so that each is a test case
+PLATFORMS = {
+    "graphmer-se": ("kaggle-t4x2", "colab-pro-tpu-v2-8", "local-rtx-3050"),
+    "glf-cr-2xt4": ("kaggle-t4x2",),
+    "chart-rvr-grpo": ("kaggle-t4x2", "colab-pro-a100"),
+}
+CASES = [(ex, pid) for ex, pids in PLATFORMS.items() for pid in pids]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def real_traces():
+    """Memoise the real traces predict/traces.py takes, one at a time (`trace_step`) or on all
+    cores (`trace_all`, the planner's prefetch): every real trace is taken once per module."""
+    one, many = traces_mod.trace_step, traces_mod.trace_all
+    memo: dict[tuple, Trace] = {}
+
+    def key(job, sem, batch):
+        return repr(job), sem.key(), batch or job.batch_size
+
+    def trace_step(job, sem, batch_size=None, *args, **kw):
+        if args or kw:
+            return one(job, sem, batch_size, *args, **kw)
+        k = key(job, sem, batch_size)
+        if k not in memo:
+            memo[k] = one(job, sem, batch_size)
+        return memo[k]
+
+    def trace_all(requests):
+        todo = list({key(*r): r for r in requests if key(*r) not in memo}.values())
+        failed = {}
+        for r, tr in zip(todo, many(todo) if todo else []):
+            if isinstance(tr, Trace):
+                memo[key(*r)] = tr
+            else:
+                failed[key(*r)] = tr
+        return [memo.get(key(*r)) or failed[key(*r)] for r in requests]
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(traces_mod, "trace_step", trace_step)
+    mp.setattr(traces_mod, "trace_all", trace_all)
+    yield memo
+    mp.undo()
+
+
+class Planned:
+    """One example planned on its platforms, with the planner that planned it."""
+
+    def __init__(self, example: str):
+        self.job = validate(load_job(str(ROOT / "examples" / f"{example}.yaml")))
+        assert set(PLATFORMS[example]) == {p.lower() for p in self.job.platforms}
+        self.platforms = {p.id: p for p in select_platforms(list(PLATFORMS[example]))}
+        self.planner = Planner(self.job)
+        self.plan = make_plan(self.job, list(self.platforms.values()), planner=self.planner)
+
+    def config(self, platform_id: str):
+        """The configuration the plan chose on the platform, as plan/build.py `plan_platform`
+        reaches it: the job adapted to the platform, its micro-batch and accumulation, and the
+        fix ladder when the device does not hold it (the examples set no deadline)."""
+        platform = self.platforms[platform_id]
+        jp, _changes = platform_job(self.job, platform)
+        cfg = self.planner.configure(jp, platform)
+        if not cfg.device_fits:
+            _jv, cfg, _fixes, _skipped = self.planner.ladder(jp, platform, cfg,
+                                                             need=lambda c: c.device_fits)
+        return cfg
+
+
+@pytest.fixture(scope="module")
+def planned():
+    cache: dict[str, Planned] = {}
+
+    def get(example: str) -> Planned:
+        if example not in cache:
+            cache[example] = Planned(example)
+        return cache[example]
+    return get
+
+
+def _ids(case) -> str:
+    return "-".join(case)
+
+
+@pytest.fixture(scope="module")
+def agreement(planned):
+    """(example, platform) -> (the plan's row, the config it rests on, the estimate of its job);
+    skips a platform the plan does not fit on (the examples fit on all of theirs)."""
+    cache = {}
+
+    def get(example: str, platform_id: str):
+        if (example, platform_id) not in cache:
+            pl = planned(example)
+            row = pl.plan.platform(platform_id)
+            cfg = pl.config(platform_id)
+            est = estimate(cfg.job, pl.platforms[platform_id].accelerator) if row.fits else None
+            cache[example, platform_id] = row, cfg, est
+        row, cfg, est = cache[example, platform_id]
+        if est is None:
+            pytest.skip(f"{platform_id}: the plan does not fit ({row.verdict})")
+        return row, cfg, est
+    return get
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_estimate_fits_where_the_plan_does(case, agreement):
+    row, _cfg, est = agreement(*case)
+    assert row.device_used_bytes <= row.capacity_bytes
+    assert est.fits and not est.blocked
+    assert not any(f.severity == "error" for f in est.findings)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_the_rebuilt_job_is_the_planned_one(case, agreement):
+    row, cfg, est = agreement(*case)
+    job = est.job
+    assert job is cfg.job
+    assert (job.batch_size, job.grad_accum) == (row.micro_batch_size, row.grad_accum)
+    assert (job.strategy.name, job.precision.name) == (row.strategy, row.precision)
+    assert (job.gpu, job.gpus) == (row.accelerator_id, row.accelerator_count)
+    assert est.accel.id == row.accelerator_id and est.devices == row.devices
+    # and the plan's figures are this configuration's
+    assert (cfg.memory.device_used_bytes, cfg.memory.required_bytes) == (
+        row.device_used_bytes, row.required_bytes)
+    assert cfg.time.step_time_s == row.step_time_s
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_estimate_memory_equals_the_plan(case, agreement):
+    row, _cfg, est = agreement(*case)
+    assert est.memory.device_used_bytes == pytest.approx(row.device_used_bytes, rel=REL)
+    assert est.memory.required_bytes == pytest.approx(row.required_bytes, rel=REL)
+    assert est.memory.capacity_bytes == row.capacity_bytes
+    assert est.memory.peak_phase == row.peak_phase
+    assert est.memory.breakdown_bytes == row.memory_breakdown_bytes
+    assert est.memory.host_ram_bytes == row.host_ram_bytes
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_estimate_step_time_equals_the_plan(case, agreement):
+    row, _cfg, est = agreement(*case)
+    assert est.time.step_time_s == pytest.approx(row.step_time_s, rel=REL)
+    assert est.time.samples_per_s == pytest.approx(row.samples_per_s, rel=REL)
+    assert est.time.mfu == pytest.approx(row.mfu, rel=REL)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_estimate_largest_micro_batch_equals_the_plan(case, agreement):
+    row, _cfg, est = agreement(*case)
+    assert row.max_micro_batch_size is not None
+    assert est.max_batch_size == row.max_micro_batch_size
+    assert row.micro_batch_size <= row.max_micro_batch_size
+
+
+def test_every_listed_platform_was_planned_and_fits(planned):
+    # the examples plan as their comments say: every platform runs the job (so no case skips)
+    for example, pids in PLATFORMS.items():
+        plan = planned(example).plan
+        assert {p.platform_id for p in plan.platforms} == set(pids)
+        assert all(p.fits for p in plan.platforms), example

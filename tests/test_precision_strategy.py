@@ -1,0 +1,57 @@
+"""Precision and strategy are types parsed once (precision.py, strategy.py): every spelling means
+one thing, the seeds' `mixed_precision: fp16` is mixed precision, and the README lists them all."""
+from pathlib import Path
+
+import pytest
+
+from trainplan import precision as P
+from trainplan import strategy as S
+from trainplan.errors import TrainplanError
+from trainplan.spec import Job, job_from_dict
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_one_word_two_meanings_are_told_apart():
+    seed = job_from_dict({"model": "hf:openai-community/gpt2", "run": {"mixed_precision": "fp16"}})
+    flat = job_from_dict({"model": "hf:openai-community/gpt2", "precision": "fp16"})
+    assert seed.precision is P.FP16_AMP and seed.precision.amp and not seed.precision.pure_half
+    assert flat.precision is P.FP16 and flat.precision.pure_half and not flat.precision.amp
+    assert "mixed precision" in seed.precision.label and "pure fp16" in flat.precision.label
+
+
+def test_every_spelling_parses_to_its_precision_and_round_trips():
+    for p in P.ALL:
+        for s in p.spellings:
+            assert P.parse(s) is p and P.parse(s.upper()) is p
+        assert Job(precision=p.name).precision is p and str(p) == p.name
+
+
+def test_what_each_precision_stores_and_computes():
+    assert (P.BF16_AMP.stored, P.BF16_AMP.compute, P.BF16_AMP.autocast) == ("float32", "bf16", "bfloat16")
+    assert (P.FP16.stored, P.FP16.autocast, P.FP16.loss_scaling) == ("float16", None, True)
+    assert P.TF32.full and P.FP32.full and not P.BF16.full
+    assert P.BF16_AMP.with_compute("fp16") is P.FP16_AMP and P.BF16.with_compute("fp16") is P.FP16
+
+
+def test_bad_precision_and_strategy_are_clear_errors_with_close_matches():
+    with pytest.raises(TrainplanError, match="bf16-amp"):
+        P.parse("bf16-ampp")
+    with pytest.raises(TrainplanError, match="zero3"):
+        S.parse("zero-4")
+    with pytest.raises(TrainplanError, match="fp8"):
+        P.parse("fp8", mixed=True)
+
+
+def test_strategy_owns_what_each_device_holds():
+    assert S.ZERO1.shards_optimizer and not S.ZERO1.shards_gradients
+    assert S.ZERO2.shards_gradients and not S.ZERO2.shards_weights
+    assert S.ZERO3.shards_weights and S.FSDP.shards_weights and S.FSDP.order == S.ZERO3.order
+    assert S.DDP.replicated and S.DP.replicated and not S.ZERO1.replicated
+    assert S.parse("deepspeed_zero3") is S.ZERO3 and Job(strategy="fsdp").strategy is S.FSDP
+
+
+def test_readme_lists_every_accepted_spelling():
+    text = README.read_text()
+    for name, spellings, meaning in P.spellings_table():
+        assert f"| {name} | {spellings} | {meaning} |" in text, name
