@@ -10,14 +10,11 @@ only render (report/plan_document.py):
 report/plan_document.py adds both under their own top-level keys of the one document Markdown,
 HTML and `--format json` render.
 
-Memory against micro-batch. For a fixed input shape every activation and temporary is
-b x (per-sample size) and weights, gradients and optimizer state do not depend on b, so device
-memory is affine in the micro-batch b (plan/interpolate.py). The curve therefore needs traces
-at its two ends only, b = 1 and b = hi (the planner has usually traced them already), and every
-point between is an interpolated trace run through memory.py like any other (an upper bound
-where a phase's peak moves to another op; see interpolate.py). Where the two ends do not run the
-same ops (data-dependent control flow) nothing is interpolated and the curve keeps only the
-micro-batches already traced. With P = ceil(target batch /
+Memory against micro-batch. Every point is the prediction core's evaluation of the job at that
+micro-batch (predict/evaluate.py): read off the line through the anchor traces (predict/traces.py,
+the same numbers as a real trace), so the curve costs no trace the plan did not already take.
+Where the anchors do not run the same ops (data-dependent control flow) nothing can be read off
+their line, and the curve keeps only the micro-batches already traced. With P = ceil(target batch /
 devices) the per-device batch: when the plan runs P with no accumulation, hi = max(2P, 8), so the
 chart shows how far the headroom goes; when it accumulates, hi = P - 1, the largest micro-batch that
 still needs accumulation (the planner's own search range). The job is the job as planned on that
@@ -29,7 +26,6 @@ from dataclasses import dataclass
 
 from ..accelerators import get_accelerator
 from ..errors import TrainplanError
-from ..predict.interpolate import same_shape_family
 from ..predict.target import semantics_for
 from .planner import platform_job
 
@@ -113,15 +109,10 @@ def memory_curve(planner, platform, pp) -> MemoryCurve | None:
     batches = curve_batches(per_device, pp.micro_batch_size, pp.grad_accum > 1)
     sem = semantics_for(jv, platform.accelerator)
     try:
-        traced = planner.traces.traced_batches(jv, sem)
-        for b in (batches[0], batches[-1]):       # the ends, unless already inside traced ones
-            if not (traced and traced[0] <= b <= traced[-1]):
-                planner.traces.exact(jv.with_(batch_size=b), sem, b)
-        traced = planner.traces.traced_batches(jv, sem)
-        lo, hi = (planner.traces.exact(jv.with_(batch_size=b), sem, b) for b in (traced[0], traced[-1]))
-        if not same_shape_family(lo, hi):
-            # the op sequence changes with the batch: nothing can be interpolated, and tracing
-            # every point is too slow for a chart; keep the micro-batches already traced
+        if not planner.traces.on_line(jv, sem):
+            # the op sequence changes with the batch: nothing can be read off the anchors' line,
+            # and tracing every point is too slow for a chart; keep the micro-batches traced
+            traced = planner.traces.traced_batches(jv, sem)
             batches = [b for b in batches if b in traced]
         pts = []
         for b in batches:

@@ -207,7 +207,8 @@ class Planner:
     def prime(self, jobs_platforms, accumulate: bool = False) -> None:
         """Trace at once, on all cores, what many platforms share: per traced variant and kernel
         semantics, what evaluating the per-device batch P reads (predict/traces.py: the two
-        anchors, or micro-batch 1); with `accumulate`, the anchors with gradients accumulating."""
+        anchors, and micro-batch 1 where P is 1); with `accumulate`, the same with gradients
+        accumulating."""
         requests = []
         for jv, p in jobs_platforms:
             sem = semantics_for(jv, p.accelerator)

@@ -10,10 +10,10 @@ The largest micro-batch. Whether micro-batch b fits is decided on `MemoryEstimat
 other b read off the line through the anchors, which equals a real trace (interpolate.py). The
 search starts where the line through the anchors' memory crosses the capacity, gallops from
 there to a micro-batch that fits and one that does not, and finds the crossing between them
-(regula falsi); memory is non-decreasing in b, so the path does not change the answer. Every evaluation of every job reads the same traces, never the batch the user
-asked about, so the answer is the same however the question was asked
-(tests/test_predict_properties.py), and `estimate` and `plan` agree
-(tests/test_estimate_plan_agree.py). A model whose op sequence changes with the batch cannot be
+(regula falsi); memory is non-decreasing in b, so the path does not change the answer. Every
+evaluation of every job reads the same traces, never the batch the user asked about, so the
+answer is the same however the question was asked (tests/test_predict_properties.py), and
+`estimate` and `plan` agree (tests/test_estimate_plan_agree.py). A model whose op sequence changes with the batch cannot be
 read off a line: there every probe is a real trace.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .findings import Finding
 from .memory import MemoryEstimate, estimate_memory, fragmentation, fragmentation_between
 from .target import devices, semantics_for
 from .timing import StepTime, estimate_step_time
-from .traces import ANCHORS, Traces
+from .traces import ANCHORS, Traces, anchors_for
 
 MAX_MICRO_BATCH = 65536    # the search's ceiling: beyond it the answer is this bound
 
@@ -96,7 +96,7 @@ def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
     traces = traces or Traces()
     findings = compat.check(job, accel, strict=strict)
     sem = semantics_for(job, accel)
-    traces.prefetch([(job, sem, b) for b in sorted({job.batch_size, *ANCHORS})])
+    traces.prefetch([(job, sem, b) for b in anchors_for(job.batch_size)])
     tr, interpolated, mem = memory_at(job, accel, traces, sem, job.batch_size)
     time = calibration.apply(estimate_step_time(tr, accel, job, calibration.params,
                                                 cpu_cores=cpu_cores), accel.id)

@@ -77,13 +77,11 @@ def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False) -
     # every allocation's size is affine in the batch (frees carry the size negated); the phase
     # peaks are recomputed from the sizes exactly as the tracer computes them, since which
     # allocation reaches a phase's peak can change as b grows
-    n = np.rint(_line([abs(e[1]) for e in lo.alloc_events], [abs(e[1]) for e in hi.alloc_events],
-                      f)).astype(np.int64).tolist()
-    events = [(e[0], k if e[1] > 0 else -k) for e, k in zip(lo.alloc_events, n)]
     a0 = [e for e in lo.memory_log if e[0] == ALLOC]
     a1 = [e[2] for e in hi.memory_log if e[0] == ALLOC]
     k = np.rint(_line([e[2] for e in a0], a1, f)).astype(np.int64).tolist()
-    sizes = {e[1]: kk for e, kk in zip(a0, k)}
+    sizes = {e[1]: kk for e, kk in zip(a0, k)}          # storage serial -> bytes at `batch`
+    events = [(serial, sizes[serial] if n > 0 else -sizes[serial]) for serial, n in lo.alloc_events]
     log = [(e[0], e[1], sizes[e[1]], *e[3:]) if e[0] == ALLOC else e for e in lo.memory_log]
     phase_peaks = phase_peaks_from_log(log)
     peak_phase = max(phase_peaks, key=lambda ph: phase_peaks[ph][0])

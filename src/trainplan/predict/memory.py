@@ -51,9 +51,9 @@ from dataclasses import dataclass
 from importlib import resources
 
 from ..accelerators import Accelerator
-from ..strategy import DDP, DP, SINGLE
-from .allocator import replay
+from ..strategy import DDP, DP
 from ..trace.tracer import Trace
+from .allocator import replay
 
 # torch.optim optimizers whose step runs multi-tensor (foreach) on CUDA; the others in
 # trace/optimizers.py (Lion, Adafactor, 8-bit AdamW) are traced as per-parameter loops already
@@ -261,7 +261,6 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
         if best is None or sum(t.values()) > sum(best.values()):
             best_phase, best = phase, t
     allocated = sum(best.values())
-    # fragmentation measured on the single-device replay, applied to this strategy's peak
     # the single-device replay's fragmentation, scaled to what this strategy's device holds
     frag = frag or fragmentation(trace)
     share = allocated / trace.peak_allocated_bytes if trace.peak_allocated_bytes else 1.0

@@ -102,20 +102,24 @@ class Traces:
         """The trace at `batch` on the line through the real traces at `lo` and `hi` (traced if
         needed): interpolated for lo < batch < hi, extrapolated for batch > hi; the real trace
         at `batch` where the two run different ops (interpolate.py)."""
-        key = self._key(job, sem)
-        memo = key + (batch, lo, hi)
+        memo = self._key(job, sem) + (batch, lo, hi)
         if memo in self._between:
             return self._between[memo]
-        if batch in (lo, hi):
+        if batch in (lo, hi) or not self.on_line(job, sem, lo, hi):
             return self.exact(job, sem, batch)
         t_lo, t_hi = self.exact(job, sem, lo), self.exact(job, sem, hi)
-        family = key + (lo, hi)
-        if family not in self._family:
-            self._family[family] = same_shape_family(t_lo, t_hi)
-        if not self._family[family]:
-            return self.exact(job, sem, batch)
         self._between[memo] = trace_between(t_lo, t_hi, batch, extrapolate=batch > hi)
         return self._between[memo]
+
+    def on_line(self, job, sem: KernelSemantics, lo: int = ANCHORS[0],
+                hi: int = ANCHORS[1]) -> bool:
+        """Whether the real traces at `lo` and `hi` run the same ops, so that other micro-batches
+        can be read off their line (interpolate.same_shape_family; traced if needed)."""
+        family = self._key(job, sem) + (lo, hi)
+        if family not in self._family:
+            self._family[family] = same_shape_family(self.exact(job, sem, lo),
+                                                     self.exact(job, sem, hi))
+        return self._family[family]
 
     def at(self, job, sem: KernelSemantics, batch: int) -> tuple[Trace, bool]:
         """(trace at `batch`, interpolated?): a real trace at 1 and at the anchors (2 and
@@ -129,5 +133,6 @@ class Traces:
 
 
 def anchors_for(batch: int) -> list[int]:
-    """The real traces evaluating micro-batch `batch` reads (what a planner prefetches)."""
-    return [1] if batch == 1 else list(ANCHORS)
+    """The real traces evaluating micro-batch `batch` reads (what to prefetch): the anchors, whose
+    line gives the trace and the allocator's fragmentation (evaluate.memory_at), and 1 itself."""
+    return ([1] if batch == 1 else []) + list(ANCHORS)
