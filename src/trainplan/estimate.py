@@ -8,13 +8,15 @@ from dataclasses import dataclass
 from .accelerators import Accelerator
 from .predict import BUNDLED_ONLY, Calibration, Evaluation, Traces, evaluate, largest_micro_batch
 
-SCHEMA_VERSION = "1.1"    # 1.1: per_device.required_bytes, findings[].kind, precision_label
+SCHEMA_VERSION = "1.2"    # 1.1: per_device.required_bytes, findings[].kind, precision_label
+                          # 1.2: fit, fit_margin, per_device.held_bytes, max_batch_size_with_margin
 
 
 @dataclass(frozen=True)
 class Estimate:
     evaluation: Evaluation
     max_batch_size: int | None        # largest micro-batch that fits (None: not searched / 1 fails)
+    max_batch_size_with_margin: int | None = None   # largest that is not tight (memory.py band)
 
     def __getattr__(self, name):      # job, accel, trace, memory, time, findings, fits ...
         if name.startswith("__"):
@@ -27,8 +29,10 @@ def estimate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
     """`job` on `accel`: evaluated at its micro-batch, and the largest micro-batch searched."""
     traces = traces or Traces()
     ev = evaluate(job, accel, calibration, traces)
-    mb = largest_micro_batch(job, accel, traces) if with_max_batch else None
-    return Estimate(ev, mb)
+    if not with_max_batch:
+        return Estimate(ev, None)
+    return Estimate(ev, largest_micro_batch(job, accel, traces),
+                    largest_micro_batch(job, accel, traces, margin=True))
 
 
 def to_json(est: Estimate) -> dict:
@@ -42,14 +46,18 @@ def to_json(est: Estimate) -> dict:
         "devices": est.devices,
         "strategy": job.strategy.name,
         "strategy_label": job.strategy.label,
+        "expert_parallel": job.expert_parallel,
         "precision": job.precision.name,
         "precision_label": job.precision.label,
         "fits": est.fits,
+        "fit": m.fit_state if est.fits else "does not fit",
+        "fit_margin": m.fit_margin,
         "per_device": {
             "peak_allocated_bytes": m.peak_allocated_bytes,
             "peak_reserved_bytes": m.peak_reserved_bytes,
             "device_used_bytes": m.device_used_bytes,
             "required_bytes": m.required_bytes,
+            "held_bytes": m.held_bytes,
             "capacity_bytes": m.capacity_bytes,
             "headroom_bytes": m.headroom_bytes,
             "peak_phase": m.peak_phase,
@@ -58,6 +66,7 @@ def to_json(est: Estimate) -> dict:
         },
         "host_ram_bytes": m.host_ram_bytes,
         "max_batch_size": est.max_batch_size,
+        "max_batch_size_with_margin": est.max_batch_size_with_margin,
         "batch_size": job.batch_size,
         "grad_accum": job.grad_accum,
         "params": {"total": tr.params_total, "trainable": tr.params_trainable},

@@ -20,20 +20,23 @@ from typing import Any
 import yaml
 
 from . import precision as prec_mod
+from . import quantization as quant_mod
 from . import strategy as strat_mod
 from .errors import TrainplanError, close_matches
 from .models.reference import TransformerDims
 from .precision import FP32, Precision
+from .quantization import Quantization
 from .strategy import DDP, SINGLE, Strategy
 
 PRECISIONS = prec_mod.NAMES
 STRATEGIES = strat_mod.NAMES
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit", "lion")
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit", "lion",
+              "paged-adamw", "paged-adamw-8bit")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 CHECKPOINTING = ("none", "full", "selective")
 CHECKPOINT_IMPLS = ("auto", "reentrant", "non-reentrant")
 ATTENTIONS = ("auto", "eager", "sdpa", "flash", "efficient", "math")
-QUANTIZE = ("none", "nf4", "int8")
+QUANTIZE = quant_mod.NAMES
 TASKS = ("causal-lm", "masked-lm", "seq-classification", "seq2seq", "image-classification")
 
 @dataclass(frozen=True)
@@ -64,13 +67,15 @@ class Job:
     checkpoint_impl: str = "auto"       # torch.utils.checkpoint's use_reentrant; see below
     attention: str = "auto"
     lora: Lora | None = None
-    quantize: str = "none"
+    quantize: Quantization = quant_mod.NONE   # parsed from any spelling on construction
+    moe_capacity_factor: float | None = None  # None: dropless, uniform routing (trace/moe.py)
     channels_last: bool = False
     frozen: tuple[str, ...] = ()         # module-name prefixes whose parameters are frozen
     gpu: str | None = None
     gpus: int = 1
     strategy: Strategy = SINGLE          # parsed from any spelling on construction
     offload: str = "none"
+    expert_parallel: int = 1             # MoE: experts split over this many of the devices
     num_workers: int | None = None
     samples_per_s_per_worker: float | None = None
     steps: int | None = None
@@ -83,8 +88,10 @@ class Job:
     notes: tuple[str, ...] = ()
 
     def __post_init__(self):
-        """Precision and strategy are parsed here, once, whatever spelling built the job."""
+        """Precision, strategy and quantisation are parsed here, once, whatever spelling built
+        the job."""
         object.__setattr__(self, "precision", prec_mod.parse(self.precision))
+        object.__setattr__(self, "quantize", quant_mod.parse(self.quantize))
         object.__setattr__(self, "strategy", strat_mod.parse(self.strategy))
 
     @property
@@ -319,6 +326,8 @@ def validate(job: Job) -> Job:
     job = job.with_(optimizer=str(job.optimizer).lower().replace("_", "-"))
     if job.optimizer in ("adamw8bit", "adam8bit", "8bit-adamw", "adamw-bnb-8bit"):
         job = job.with_(optimizer="adamw-8bit")
+    if job.optimizer in ("paged-adamw-32bit", "paged-adamw8bit"):   # HF Trainer's optim names
+        job = job.with_(optimizer="paged-adamw" if "32" in job.optimizer else "paged-adamw-8bit")
     _choice("optimizer", job.optimizer, OPTIMIZERS)
     _choice("offload", job.offload, OFFLOADS)
     _choice("grad_checkpointing", job.grad_checkpointing, CHECKPOINTING)
@@ -329,14 +338,22 @@ def validate(job: Job) -> Job:
                              fix="use --checkpoint-impl non-reentrant (or auto), or "
                                  "--grad-checkpointing full")
     _choice("attention", job.attention, ATTENTIONS)
-    _choice("quantize", job.quantize, QUANTIZE)
     if job.task is not None:
         _choice("task", job.task, TASKS)
     _positive_int("batch_size", job.batch_size)
     _positive_int("grad_accum", job.grad_accum)
     _positive_int("gpus", job.gpus)
+    _positive_int("expert_parallel", job.expert_parallel)
+    if job.expert_parallel > 1 and job.gpus % job.expert_parallel:
+        raise TrainplanError(f"--expert-parallel {job.expert_parallel} does not divide --gpus "
+                             f"{job.gpus}.", allowed="a divisor of the number of GPUs (each "
+                             "expert-parallel group holds every expert once)",
+                             fix=f"use --expert-parallel {job.gpus} or another divisor of it")
     _positive_int("seq_len", job.seq_len, allow_none=True)
     _positive_int("image_size", job.image_size, allow_none=True)
+    if job.moe_capacity_factor is not None:
+        from .trace.moe import Routing
+        Routing(job.moe_capacity_factor)       # raises TrainplanError for c < 1
     if job.quantize != "none" and job.lora is None:
         raise TrainplanError(f"--quantize {job.quantize} freezes the base weights, so it needs LoRA "
                              "adapters to train.", fix="add --lora-rank 16 (QLoRA)")

@@ -10,7 +10,7 @@ from dataclasses import replace
 from ..errors import TrainplanError
 from ..strategy import SINGLE
 from ..spec import (ATTENTIONS, CHECKPOINT_IMPLS, CHECKPOINTING, OFFLOADS, OPTIMIZERS, PRECISIONS,
-                    STRATEGIES, TASKS, Job, Lora, load_job, validate)
+                    QUANTIZE, STRATEGIES, TASKS, Job, Lora, load_job, validate)
 
 
 def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) -> None:
@@ -37,7 +37,13 @@ def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) ->
     g.add_argument("--lora-rank", type=int)
     g.add_argument("--lora-alpha", type=float)
     g.add_argument("--lora-targets", help="all-linear or q,v,... or module-name suffixes")
-    g.add_argument("--quantize", choices=("none", "nf4", "int8"))
+    g.add_argument("--quantize", help="|".join(QUANTIZE) + " (QLoRA base weights)")
+    g.add_argument("--expert-parallel", type=int,
+                   help="mixture-of-experts: split the experts over this many GPUs (a divisor "
+                        "of --gpus; default 1)")
+    g.add_argument("--moe-capacity-factor", type=float,
+                   help="mixture-of-experts: tokens per expert = factor x the uniform share "
+                        "(default: dropless, uniform routing)")
     g.add_argument("--channels-last", action="store_true", default=None)
     g.add_argument("--task", choices=TASKS)
 
@@ -47,7 +53,8 @@ _MAP = {"gpu": "gpu", "gpus": "gpus", "strategy": "strategy", "offload": "offloa
         "image_size": "image_size", "precision": "precision", "optimizer": "optimizer",
         "grad_checkpointing": "grad_checkpointing", "checkpoint_impl": "checkpoint_impl",
         "attention": "attention",
-        "quantize": "quantize", "channels_last": "channels_last", "task": "task"}
+        "quantize": "quantize", "channels_last": "channels_last", "task": "task",
+        "moe_capacity_factor": "moe_capacity_factor", "expert_parallel": "expert_parallel"}
 
 
 def job_from_args(args: argparse.Namespace, job_file: str | None = None) -> Job:

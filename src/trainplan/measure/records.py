@@ -33,9 +33,8 @@ from pathlib import Path
 
 from ..errors import TrainplanError
 from ..paths import trainplan_home
-from ..precision import Precision
+from ..named import Named
 from ..spec import Job, job_from_dict, validate
-from ..strategy import Strategy
 
 SCHEMA = "trainplan.measurement/1"
 SOURCES = ("measure", "record", "hf-trainer")
@@ -67,7 +66,7 @@ def job_to_dict(job: Job) -> dict:
         v = getattr(job, f.name)
         if v is None or v == ():
             continue
-        if isinstance(v, (Precision, Strategy)):
+        if isinstance(v, Named):        # precision, strategy, quantisation: their canonical name
             v = v.name
         elif is_dataclass(v):
             v = asdict(v)

@@ -4,12 +4,11 @@ LoRA (Hu et al. 2021): a frozen weight W (out x in) gains B A with A (r x in), B
 by alpha / r; trainable parameters per adapted linear = r (in + out), the count peft reports
 (Llama-2-7B, r=16 on q and v: 32 layers x 2 x 16 x (4096 + 4096) = 8,388,608).
 
-QLoRA (Dettmers et al. 2023): the frozen base weights are stored in NF4, 4 bits per weight, with one
-absmax per 64 weights; double quantisation stores those absmax values in 8 bits with one fp32
-scale per 256 blocks: 0.5 + 1/64 + 4/(64*256) bytes per weight (~0.516; vs 2 for bf16).
-bitsandbytes' forward dequantises each weight to the compute dtype just before its matmul (a
-transient full-size copy) and saves only the packed weight for backward, which dequantises again.
-LLM.int8 ("int8") stores 1 byte per weight plus one fp32 scale per output row.
+QLoRA (Dettmers et al. 2023): the frozen base weights are stored packed, 4 bits per weight with
+their quantisation state (quantization.py has each library's layout and what its matmul keeps:
+0.5625 bytes per weight for bitsandbytes NF4, 0.516 double-quantised, vs 2 for bf16). The forward
+dequantises each weight to the compute dtype just before its matmul (a transient full-size copy
+of that layer) and backward dequantises again.
 """
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import TrainplanError
+from ..quantization import Quantization
 
 ATTN_TOKENS = ("attn", "attention")
 QKV = {"q": {"q_proj", "query", "q_lin", "query_proj", "q"},
@@ -85,43 +85,38 @@ def select_targets(model: nn.Module, targets: str) -> list[str]:
 
 
 class QuantizedWeight(nn.Module):
-    """Frozen base weight stored packed (nf4: 4-bit + double-quantised absmax; int8: 1 byte + a
-    per-row fp32 scale). `dequantize()` returns a transient full-size weight in `dtype`."""
+    """Frozen base weight stored packed, with its quantisation state, in exactly the bytes of
+    `Quantization.weight_bytes` (the codes as a uint8 parameter, the state as a uint8 buffer).
+    `dequantize()` returns a transient full-size weight in `dtype`."""
 
-    def __init__(self, out_f: int, in_f: int, mode: str, dtype: torch.dtype):
+    def __init__(self, out_f: int, in_f: int, q: Quantization, dtype: torch.dtype):
         super().__init__()
         self.shape = (out_f, in_f)
-        self.mode = mode
+        self.q = q
         self.dtype = dtype
         n = out_f * in_f
-        if mode == "nf4":
-            self.packed = nn.Parameter(torch.empty(math.ceil(n / 2), dtype=torch.uint8),
-                                       requires_grad=False)
-            blocks = math.ceil(n / 64)
-            self.register_buffer("absmax_q", torch.empty(blocks, dtype=torch.uint8))
-            self.register_buffer("absmax_scale", torch.empty(math.ceil(blocks / 256)))
-        elif mode == "int8":
-            self.packed = nn.Parameter(torch.empty(n, dtype=torch.int8), requires_grad=False)
-            self.register_buffer("row_scale", torch.empty(out_f))
-        else:
-            raise ValueError(mode)
+        codes = n if q.bits == 8 else math.ceil(n / 2)
+        self.packed = nn.Parameter(torch.empty(codes, dtype=torch.uint8), requires_grad=False)
+        self.register_buffer("quant_state", torch.empty(q.weight_bytes(out_f, in_f) - codes,
+                                                        dtype=torch.uint8))
 
     def dequantize(self) -> torch.Tensor:
         return torch.empty(self.shape, dtype=self.dtype, device=self.packed.device)
 
 
 class _QuantMatmul(torch.autograd.Function):
-    """y = x W^T with W dequantised on the fly in forward and again in backward (bitsandbytes
-    MatMul4Bit): the packed weight is kept for backward, and so is the input x whenever it needs
-    a gradient (bitsandbytes/autograd/_functions.py, MatMul4Bit.forward:
+    """y = x W^T with W dequantised on the fly in forward and again in backward. bitsandbytes
+    (MatMul4Bit) keeps the input x whenever it needs a gradient
+    (bitsandbytes/autograd/_functions.py, MatMul4Bit.forward:
     `if any(ctx.needs_input_grad[:2]): ctx.tensors = (A, B)`), although grad_x needs only W: every
-    quantised layer's input stays live until backward, unlike a frozen nn.Linear's."""
+    quantised layer's input stays live until backward, unlike a frozen nn.Linear's. torchao's
+    linear_nf4 keeps only the weight (quantization.py)."""
 
     @staticmethod
     def forward(ctx, x, qweight_module_holder):
         qw = qweight_module_holder.module
         ctx.holder = qweight_module_holder
-        ctx.kept_input = x if x.requires_grad else None
+        ctx.kept_input = x if x.requires_grad and qw.q.keeps_input else None
         w = qw.dequantize()
         return x.to(w.dtype) @ w.t()
 
@@ -137,18 +132,22 @@ class _Holder:
 
 
 class QuantLinear(nn.Module):
-    def __init__(self, linear: nn.Linear, mode: str, dtype: torch.dtype):
+    def __init__(self, linear: nn.Linear, q: Quantization, dtype: torch.dtype):
         super().__init__()
         out_f, in_f = linear.out_features, linear.in_features
         self.in_features, self.out_features = in_f, out_f
-        self.weight_q = QuantizedWeight(out_f, in_f, mode, dtype)
+        self.weight_q = QuantizedWeight(out_f, in_f, q, dtype)
         self.bias = None
         if linear.bias is not None:
             self.bias = nn.Parameter(torch.empty(out_f, dtype=dtype), requires_grad=False)
 
     def forward(self, x):
         y = _QuantMatmul.apply(x, _Holder(self.weight_q))
-        return y + self.bias if self.bias is not None else y
+        y = y + self.bias if self.bias is not None else y
+        # bitsandbytes' Linear4bit.forward computes in compute_dtype and returns
+        # `out.to(inp_dtype)`: an fp32 input (after a norm that prepare_model_for_kbit_training
+        # keeps in fp32) gives an fp32 output, and the residual stream stays fp32
+        return y.to(x.dtype) if self.weight_q.q.bnb else y
 
 
 class LoraLinear(nn.Module):
@@ -194,7 +193,8 @@ def _set(model: nn.Module, name: str, new: nn.Module) -> None:
 
 
 def apply_lora(model: nn.Module, rank: int, alpha: float, targets: str, dropout: float,
-               quantize: str, compute_dtype: torch.dtype, adapter_dtype: torch.dtype) -> list[str]:
+               quantize: Quantization, compute_dtype: torch.dtype, adapter_dtype: torch.dtype
+               ) -> list[str]:
     """Freeze the model, quantise its linears (QLoRA) and attach adapters; returns adapted names.
 
     Adapters are fp32 under AMP (peft's default) and in the model dtype for pure half precision.
@@ -202,7 +202,7 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets: str, dropout:
     names = select_targets(model, targets)
     for p in model.parameters():
         p.requires_grad_(False)
-    if quantize != "none":
+    if quantize.on:
         quantize_linears(model, quantize, compute_dtype)
     for name in names:
         m = model.get_submodule(name)
@@ -217,11 +217,12 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets: str, dropout:
     return names
 
 
-def quantize_linears(model: nn.Module, mode: str, compute_dtype: torch.dtype) -> int:
-    """Replace every nn.Linear except output heads by a QuantLinear (bitsandbytes skips lm_head)."""
+def quantize_linears(model: nn.Module, q: Quantization, compute_dtype: torch.dtype) -> int:
+    """Replace every nn.Linear except output heads by a QuantLinear (transformers' bitsandbytes
+    integration skips the output head: `get_keys_to_not_convert`)."""
     count = 0
     for name, m in list(model.named_modules()):
         if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] not in HEADS:
-            _set(model, name, QuantLinear(m, mode, compute_dtype))
+            _set(model, name, QuantLinear(m, q, compute_dtype))
             count += 1
     return count

@@ -19,7 +19,8 @@ from .fixes import SPEED_LADDER
 from ..predict import MAX_MICRO_BATCH
 from .planner import Config, Planner, platform_job, steps_for
 from .rank import rank, tier
-from .result import OPTIMIZE, JobSummary, Plan, PlatformPlan
+from .result import (OPTIMIZE, READY, READY_WITH_CHANGES, RETIRED, TIGHT, JobSummary, Plan,
+                     PlatformPlan)
 from .verdict import assess, batch_change
 
 
@@ -51,16 +52,18 @@ def _summary(job, cfg: Config | None) -> JobSummary:
                       optimizer=job.optimizer, strategy=job.strategy.name,
                       batch_size=job.batch_size, grad_accum=job.grad_accum, seq_len=job.seq_len,
                       image_size=job.image_size, lora_rank=job.lora.rank if job.lora else None,
-                      quantize=job.quantize, grad_checkpointing=job.grad_checkpointing)
+                      quantize=job.quantize.name, grad_checkpointing=job.grad_checkpointing)
 
 
 def plan_platform(planner: Planner, platform: Platform, jp, base_changes: list[str],
                   deadline_s: float | None, budget_usd: float | None) -> PlatformPlan:
     job = planner.job
     cfg = planner.configure(jp, platform)
-    fixes, skipped = [], []
+    fixes, skipped, headroom = [], [], []
     if not cfg.device_fits:
         _jv, cfg, fixes, skipped = planner.ladder(jp, platform, cfg, need=lambda c: c.device_fits)
+    if cfg.device_fits and cfg.evaluation.tight:
+        cfg, fixes, skipped, headroom = _headroom(planner, platform, cfg, fixes, skipped)
     glob = cfg.micro_batch * cfg.grad_accum * platform.devices
     steps, _src = steps_for(job, glob)
     sessions = storage = cost = None
@@ -86,7 +89,7 @@ def plan_platform(planner: Planner, platform: Platform, jp, base_changes: list[s
                 + (" -- changes what is trained" if f.changes_training else "")
                 for f in fixes if not f.note]
     verdict, checklist, fail = assess(platform, job, cfg, changes, sessions, storage, cost, steps,
-                                      deadline_s, budget_usd, planner.target_batch)
+                                      deadline_s, budget_usd, planner.target_batch, headroom)
     t, m = cfg.time, cfg.memory
     largest = None if cfg.evaluation.blocked else planner.largest(
         cfg.job, platform, accumulate=cfg.grad_accum > 1, limit=MAX_MICRO_BATCH)
@@ -100,8 +103,8 @@ def plan_platform(planner: Planner, platform: Platform, jp, base_changes: list[s
         precision_label=cfg.job.precision.label, micro_batch_size=cfg.micro_batch,
         grad_accum=cfg.grad_accum, max_micro_batch_size=largest,
         global_batch_size=glob, device_used_bytes=m.device_used_bytes,
-        required_bytes=m.required_bytes,
-        capacity_bytes=m.capacity_bytes, peak_phase=m.peak_phase,
+        required_bytes=m.required_bytes, capacity_bytes=m.capacity_bytes,
+        fit_margin=m.fit_margin, peak_phase=m.peak_phase,
         memory_breakdown_bytes=dict(m.breakdown_bytes), host_ram_bytes=m.host_ram_bytes,
         platform_ram_bytes=platform.ram_bytes, step_time_s=t.step_time_s if t else None,
         samples_per_s=t.samples_per_s if t else None, tokens_per_s=t.tokens_per_s if t else None,
@@ -111,7 +114,21 @@ def plan_platform(planner: Planner, platform: Platform, jp, base_changes: list[s
         checklist=checklist, findings=tuple(f.to_dict() for f in cfg.findings),
         within_budget=None if budget_usd is None or cost is None else cost.total_usd <= budget_usd,
         meets_deadline=None if deadline_s is None or sessions is None else sessions.finish_s <= deadline_s,
-        interpolated=cfg.interpolated, calibration=cfg.evaluation.calibration, reason=fail)
+        interpolated=cfg.interpolated, calibration=cfg.evaluation.calibration,
+        headroom=tuple(headroom), reason=fail)
+
+
+def _headroom(planner: Planner, platform: Platform, cfg: Config, fixes: list, skipped: list):
+    """A job that fits only tightly: climb the ladder for the band's room. Rungs that keep what
+    is trained are applied when they leave the band free; otherwise the job stays as it fits and
+    the rungs that would help are returned as advice (TIGHT verdict, verdict.py)."""
+    jv, new, more, skip = planner.ladder(cfg.job, platform, cfg, need=lambda c: c.comfortable)
+    kept = [f for f in more if not f.note]
+    if new.comfortable and not any(f.changes_training for f in kept):
+        return new, fixes + more, skipped + skip, []
+    advice = [f.title for f in kept if not f.changes_training] or [
+        "a smaller micro-batch with more accumulation, or a device with more memory"]
+    return cfg, fixes, skipped, advice
 
 
 def make_plan(job, platforms: list[Platform], optimize: str = "balanced",
@@ -154,8 +171,8 @@ def make_plan(job, platforms: list[Platform], optimize: str = "balanced",
 def _recommendation(best: PlatformPlan | None, ranked: list[PlatformPlan]) -> str:
     if best is not None:
         return f"{best.platform_id}: {best.verdict} -- {best.reason}"
-    live = [p for p in ranked if p.verdict != "RETIRED"]
-    if live and live[0].verdict in ("READY", "READY WITH CHANGES"):
+    live = [p for p in ranked if p.verdict != RETIRED]
+    if live and live[0].verdict in (READY, READY_WITH_CHANGES, TIGHT):
         return f"none within the limits; closest: {live[0].platform_id} ({live[0].reason})"
     return "no platform fits this job, even after the fix ladder; see each platform's fixes"
 

@@ -124,7 +124,8 @@ def lora(job, accel, devices):
 def qlora(job, accel, devices):
     if job.lora is None or job.quantize != "none":
         return None
-    return _step("qlora", "QLoRA (4-bit NF4 base weights)", job, changes_training=True, quantize="nf4")
+    return _step("qlora", "QLoRA (4-bit NF4 base weights, double-quantised)", job,
+                 changes_training=True, quantize="nf4-dq")
 
 
 def _sharding(stage: Strategy):

@@ -99,6 +99,11 @@ class Config:
         return self.device_fits and self.host_ok is not False
 
     @property
+    def comfortable(self) -> bool:
+        """Fits with the verdict's band free (not tight: predict/memory.py)."""
+        return self.fits and not self.evaluation.tight
+
+    @property
     def used_bytes(self) -> int:
         """What the fix ladder compares: the least device memory the step runs in."""
         return self.memory.required_bytes
@@ -182,13 +187,15 @@ class Planner:
                       cpu_cores=platform.cpu_cores, strict=False)
         return Config(ev, platform)
 
-    def largest(self, jv, platform: Platform, accumulate: bool, limit: int) -> int | None:
-        """The core's largest micro-batch for variant `jv` on the platform's accelerator."""
+    def largest(self, jv, platform: Platform, accumulate: bool, limit: int,
+                margin: bool = False) -> int | None:
+        """The core's largest micro-batch for variant `jv` on the platform's accelerator
+        (`margin`: the largest that is not tight)."""
         job = jv.with_(grad_accum=2 if accumulate else 1)
         accel = platform.accelerator
-        key = (repr(job), accel.id, limit)
+        key = (repr(job), accel.id, limit, margin)
         if key not in self._largest:
-            self._largest[key] = largest_micro_batch(job, accel, self.traces, limit)
+            self._largest[key] = largest_micro_batch(job, accel, self.traces, limit, margin)
         return self._largest[key]
 
     def configure(self, jv, platform: Platform) -> Config:
@@ -197,12 +204,23 @@ class Planner:
         if key not in self._configs:
             P = self.per_device(platform)
             cfg = self.evaluate(jv, platform, P, 1)
-            if not cfg.device_fits and P > 1 and not cfg.evaluation.blocked:
-                b = self.largest(jv, platform, accumulate=True, limit=P - 1)
-                b = preferred_micro_batch(b, P) if b else 1
-                cfg = self.evaluate(jv, platform, b, math.ceil(P / b))
+            if not cfg.evaluation.fits or cfg.evaluation.tight:
+                cfg = self._split(jv, platform, P, cfg)
             self._configs[key] = cfg
         return Config(self._configs[key].evaluation, platform)   # this platform's host limits
+
+    def _split(self, jv, platform: Platform, P: int, cfg: Config) -> Config:
+        """Micro-batch b < P with accumulation: the largest with the band free, else (when P
+        itself does not fit) the largest that fits; a tight P stays P where no smaller
+        micro-batch leaves the band free."""
+        if P == 1 or cfg.evaluation.blocked:
+            return cfg
+        b = self.largest(jv, platform, accumulate=True, limit=P - 1, margin=True)
+        if b is None and cfg.evaluation.fits:
+            return cfg
+        b = b or self.largest(jv, platform, accumulate=True, limit=P - 1)
+        b = preferred_micro_batch(b, P) if b else 1
+        return self.evaluate(jv, platform, b, math.ceil(P / b))
 
     def prime(self, jobs_platforms, accumulate: bool = False) -> None:
         """Trace at once, on all cores, what many platforms share: per traced variant and kernel
@@ -251,9 +269,9 @@ class Planner:
                 continue
             if speed:
                 useful = new.fits and new.time.step_time_s < cfg.time.step_time_s * (1 - 1e-3)
-            else:   # worth its cost: it fits now, or frees >= KEEP_MIN_BYTES and 1% of the memory
-                gain = cfg.used_bytes - new.used_bytes
-                useful = new.fits or gain >= max(KEEP_MIN_BYTES, 0.01 * cfg.used_bytes)
+            else:   # worth its cost: it meets `need` now, or frees >= KEEP_MIN_BYTES and 1% of
+                gain = cfg.used_bytes - new.used_bytes     # the memory
+                useful = need(new) or gain >= max(KEEP_MIN_BYTES, 0.01 * cfg.used_bytes)
             fixes.append(Fix(r.rung, r.title, r.setting, new.fits, new.micro_batch, new.grad_accum,
                              cfg.used_bytes, new.used_bytes, cfg.time.step_time_s,
                              new.time.step_time_s, r.changes_training,

@@ -2,7 +2,7 @@
 
 Platforms fall in tiers, best first: (0) fits, within budget and deadline; (1) fits but over
 budget or past the deadline, or only after a fix that changes what is trained (LoRA, shorter
-sequences); (2) won't fit; (3) retired. Within a tier:
+sequences), or fits only tightly (OOM-prone); (2) won't fit; (3) retired. Within a tier:
 
     time      shortest time to finish (sessions and quota waits included), then cheapest
     cost      cheapest, then shortest
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..units import fmt_seconds, fmt_usd
-from .result import READY, READY_WITH_CHANGES, RETIRED, PlatformPlan
+from .result import READY, READY_WITH_CHANGES, RETIRED, TIGHT, PlatformPlan
 
 VALUE_OF_TIME_USD_PER_H = 10.0
 
@@ -25,9 +25,10 @@ VALUE_OF_TIME_USD_PER_H = 10.0
 def tier(p: PlatformPlan) -> int:
     if p.verdict == RETIRED:
         return 3
-    if p.verdict not in (READY, READY_WITH_CHANGES):
+    if p.verdict not in (READY, READY_WITH_CHANGES, TIGHT):
         return 2
-    if p.within_budget is False or p.meets_deadline is False or _training_changes(p):
+    if (p.within_budget is False or p.meets_deadline is False or _training_changes(p)
+            or p.verdict == TIGHT):
         return 1
     return 0
 
@@ -61,6 +62,9 @@ def _why_not(p: PlatformPlan, budget_usd, deadline_s) -> str:
     changed = _training_changes(p)
     if changed:
         why.append("fits only by changing what is trained: " + ", ".join(changed))
+    if p.verdict == TIGHT:
+        why.append(f"fits tightly ({max(0.0, p.fit_margin or 0.0):.0%} of the device free): "
+                   "prone to out-of-memory errors")
     if p.within_budget is False:
         why.append(f"over budget: {fmt_usd(_usd(p))} > {fmt_usd(budget_usd)}")
     if p.meets_deadline is False:

@@ -10,6 +10,9 @@ Verdicts (one per platform):
     READY               runs as the job is written (same micro-batch, strategy and settings)
     READY WITH CHANGES  runs after the changes listed in `changes` (micro-batch split,
                         DDP over the platform's devices, rungs of the fix ladder)
+    TIGHT               fits on paper but within the band of the device's capacity
+                        (predict/memory.py): prone to out-of-memory errors; `headroom` lists the
+                        rungs that would give room without changing what is trained
     WON'T FIT           no rung of the fix ladder makes it fit (or the host, disk or session
                         cannot hold it); `reason` says what is missing
     RETIRED             the offering no longer exists (`retired_on` / `status_as_of`); planned for
@@ -19,12 +22,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-SCHEMA_VERSION = "1.1"   # 1.1: max_micro_batch_size, required_bytes, *_label, calibration
+SCHEMA_VERSION = "1.2"   # 1.1: max_micro_batch_size, required_bytes, *_label, calibration
+                         # 1.2: verdict TIGHT, fit_margin, headroom
 READY = "READY"
 READY_WITH_CHANGES = "READY WITH CHANGES"
+TIGHT = "TIGHT"
 WONT_FIT = "WON'T FIT"
 RETIRED = "RETIRED"
-VERDICTS = (READY, READY_WITH_CHANGES, WONT_FIT, RETIRED)
+VERDICTS = (READY, READY_WITH_CHANGES, TIGHT, WONT_FIT, RETIRED)
 OPTIMIZE = ("time", "cost", "balanced")
 
 
@@ -130,6 +135,7 @@ class PlatformPlan:
     device_used_bytes: int | None        # per device, what nvidia-smi shows
     required_bytes: int | None           # the least device memory the step runs in (fit test)
     capacity_bytes: int
+    fit_margin: float | None             # fraction of capacity the device leaves free (memory.py)
     peak_phase: str | None
     memory_breakdown_bytes: dict
     host_ram_bytes: int | None           # host memory the job needs (processes, offload, workers)
@@ -153,6 +159,7 @@ class PlatformPlan:
     meets_deadline: bool | None
     interpolated: bool                   # figures interpolated between two traced batches
     calibration: dict = field(default_factory=dict)   # what the step time rests on
+    headroom: tuple[str, ...] = ()       # TIGHT: rungs that give room without changing training
     rank: int | None = None
     reason: str = ""
 

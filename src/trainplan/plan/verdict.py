@@ -6,6 +6,8 @@
                         needs several sessions cannot save one checkpoint (disk or file limit)
     READY               fits with no change to the job
     READY WITH CHANGES  fits after the changes listed (in the order to make them)
+    TIGHT               fits on paper, within the band of the device's capacity (OOM-prone);
+                        the checklist says what gives headroom
 
 The checklist says, item by item, what was checked and with which numbers (like the seeds'
 "Configuration Checklist"), so a user can see why, not only what. Numbers stay raw here except
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from ..strategy import DP
 from ..units import fmt_bytes, fmt_seconds, fmt_usd
-from .result import READY, READY_WITH_CHANGES, RETIRED, WONT_FIT, CheckItem
+from .result import READY, READY_WITH_CHANGES, RETIRED, TIGHT, WONT_FIT, CheckItem
 
 
 def batch_change(job, cfg, devices: int, target: int) -> str | None:
@@ -32,15 +34,16 @@ def batch_change(job, cfg, devices: int, target: int) -> str | None:
 
 
 def assess(platform, job, cfg, changes: list[str], sessions, storage, cost, steps: int,
-           deadline_s: float | None, budget_usd: float | None, target: int):
-    """(verdict, checklist, failure reason or '')."""
+           deadline_s: float | None, budget_usd: float | None, target: int,
+           headroom: list[str] | tuple[str, ...] = ()):
+    """(verdict, checklist, failure reason or ''). `headroom`: for a tight fit, what gives room."""
     p = platform
     items: list[CheckItem] = []
     fail: list[str] = []
     if not p.is_current:
         when = p.retired_on or p.status_as_of
         items.append(CheckItem("fail", f"{p.name} is {p.status} (since {when}); shown for reference"))
-    _device(cfg, items, fail)
+    _device(cfg, items, fail, headroom)
     _batch_and_job(p, cfg, target, items)
     _host(p, cfg, items, fail)
     if sessions is not None:
@@ -66,26 +69,31 @@ def assess(platform, job, cfg, changes: list[str], sessions, storage, cost, step
         verdict = RETIRED
     elif fail:
         verdict = WONT_FIT
+    elif cfg.evaluation.tight:
+        verdict = TIGHT
     else:
         verdict = READY if not changes else READY_WITH_CHANGES
     return verdict, tuple(items), "; ".join(fail)
 
 
-def _device(cfg, items: list[CheckItem], fail: list[str]) -> None:
+def _device(cfg, items: list[CheckItem], fail: list[str], headroom=()) -> None:
     """Device memory, and what the target cannot run (compatibility errors, warnings)."""
     m = cfg.memory
     used, need, cap = m.device_used_bytes, m.required_bytes, m.capacity_bytes
-    items.append(CheckItem("pass" if m.fits else "fail",
+    room = ("short by " + fmt_bytes(need - cap) if not m.fits else
+            f"{max(0.0, m.fit_margin):.0%} free" + (", tight" if m.tight else ""))
+    items.append(CheckItem("fail" if not m.fits else "warn" if m.tight else "pass",
                            f"memory per device: {fmt_bytes(used)} of {fmt_bytes(cap)} "
-                           f"({'headroom ' + fmt_bytes(cap - used) if m.fits else 'short by ' + fmt_bytes(need - cap)}"
-                           f", peak in {m.peak_phase})"))
+                           f"({room}, peak in {m.peak_phase})"))
     if not m.fits:
         fail.append(f"needs {fmt_bytes(need)} per device, has {fmt_bytes(cap)}")
+    if m.tight and headroom:
+        items.append(CheckItem("warn", "for headroom: " + "; ".join(headroom)))
     for f in cfg.findings:
         if f.blocks:
             items.append(CheckItem("fail", f.message + (f" -> {f.fix}" if f.fix else "")))
             fail.append(f.message)
-        elif f.severity == "warning":
+        elif f.severity == "warning" and not (f.kind == "memory" and headroom):
             items.append(CheckItem("warn", f.message + (f" -> {f.fix}" if f.fix else "")))
 
 
@@ -95,8 +103,10 @@ def _batch_and_job(p, cfg, target: int, items: list[CheckItem]) -> None:
                            f"batch: micro-batch {cfg.micro_batch} x {cfg.grad_accum} accumulation x "
                            f"{p.devices} device(s) = {glob} per step (target {target})"))
     ckpt = cfg.job.grad_checkpointing
+    ep = cfg.job.expert_parallel
     items.append(CheckItem("info", f"precision: {cfg.job.precision.label}; strategy: "
                                    f"{cfg.job.strategy.label}; "
+                                   + (f"experts split over {ep} GPUs; " if ep > 1 else "")
                                    + ("no activation checkpointing" if ckpt == "none" else
                                       f"{ckpt} activation checkpointing"
                                       + (" (reentrant)" if cfg.job.reentrant_checkpointing else ""))))

@@ -19,6 +19,7 @@ from ..accelerators import Accelerator
 from ..errors import TrainplanError
 from ..precision import FP16_AMP
 from ..strategy import DDP, DP, SINGLE
+from ..trace.optimizers import BNB as BNB_OPTIMIZERS
 from .findings import Finding
 from .target import devices
 
@@ -43,11 +44,11 @@ def _gpu(accel) -> bool:
 
 
 def _bnb(job) -> bool:
-    return job.quantize != "none" or job.optimizer == "adamw-8bit"
+    return job.quantize.bnb or job.optimizer in BNB_OPTIMIZERS
 
 
 def _bnb_what(job) -> str:
-    return f"QLoRA {job.quantize}" if job.quantize != "none" else "8-bit AdamW"
+    return f"QLoRA {job.quantize}" if job.quantize.bnb else f"the {job.optimizer} optimizer"
 
 
 def _sm(accel) -> str:
@@ -60,7 +61,7 @@ RULES: tuple[Rule, ...] = (
          lambda j, a: f"{a.id} cannot run bitsandbytes ({_bnb_what(j)}): its kernels are CUDA-only.",
          lambda j, a: "on a TPU use LoRA in bf16 (--quantize none) and --optimizer adamw or adafactor",
          lambda j, a: j.with_(quantize="none",
-                              optimizer="adamw" if j.optimizer == "adamw-8bit" else j.optimizer),
+                              optimizer="adamw" if j.optimizer in BNB_OPTIMIZERS else j.optimizer),
          fatal=True),
     Rule("offload-cuda-only", "error",
          lambda j, a: a.kind == "tpu" and j.offload != "none",

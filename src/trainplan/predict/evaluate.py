@@ -25,7 +25,8 @@ from ..trace.tracer import Trace
 from . import compat
 from .calibration import BUNDLED_ONLY, Calibration
 from .findings import Finding
-from .memory import MemoryEstimate, estimate_memory, fragmentation, fragmentation_between
+from .memory import (MemoryEstimate, estimate_memory, fit_band, fragmentation,
+                     fragmentation_between)
 from .target import devices, semantics_for
 from .timing import StepTime, estimate_step_time
 from .traces import ANCHORS, Traces, anchors_for
@@ -53,6 +54,11 @@ class Evaluation:
         return self.memory.fits and not any(f.severity == "error" for f in self.findings)
 
     @property
+    def tight(self) -> bool:
+        """Fits on paper, but within the verdict's band of the capacity (memory.py)."""
+        return self.fits and self.memory.tight
+
+    @property
     def blocked(self) -> bool:
         """An error that no micro-batch can cure (the target cannot run the job as written)."""
         return any(f.blocks for f in self.findings)
@@ -64,6 +70,17 @@ def memory_finding(mem: MemoryEstimate, accel: Accelerator) -> Finding:
                             f"{mem.capacity_bytes / gib:.2f} GiB",
                    "a smaller micro-batch with accumulation, or `trainplan plan` for the fix "
                    "ladder (checkpointing, LoRA, ZeRO, offload)", kind="memory")
+
+
+def tight_finding(mem: MemoryEstimate, accel: Accelerator) -> Finding:
+    gib = 2**30
+    held = (f"the allocator must give cached memory back to run it ({mem.held_bytes / gib:.2f} "
+            f"GiB with room)" if mem.fit_margin < 0 else
+            f"{mem.fit_margin:.0%} of it free, under the {fit_band():.0%} band")
+    return Finding("warning", f"tight: fits {accel.id}'s {mem.capacity_bytes / gib:.2f} GiB on "
+                              f"paper, with {held}; prone to out-of-memory errors in practice",
+                   "for headroom: a smaller micro-batch with more accumulation, activation "
+                   "checkpointing, or `trainplan plan` for the fix ladder", kind="memory")
 
 
 def gpu0_finding(mem: MemoryEstimate) -> list[Finding]:
@@ -101,21 +118,32 @@ def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
     time = calibration.apply(estimate_step_time(tr, accel, job, calibration.params,
                                                 cpu_cores=cpu_cores), accel.id)
     findings += gpu0_finding(mem)
+    if job.expert_parallel > 1 and not tr.expert_param_bytes:
+        findings.append(Finding("warning", f"expert parallelism ({job.expert_parallel}) asked, "
+                                           "but the model has no mixture-of-experts layers",
+                                "drop --expert-parallel", kind="strategy"))
     if not mem.fits:
         findings.append(memory_finding(mem, accel))
+    elif mem.tight:
+        findings.append(tight_finding(mem, accel))
     return Evaluation(job, accel, devices(job, accel), tr, interpolated, mem, time,
                       tuple(findings), calibration.source(accel.id))
 
 
 def largest_micro_batch(job, accel: Accelerator, traces: Traces,
-                        limit: int = MAX_MICRO_BATCH) -> int | None:
+                        limit: int = MAX_MICRO_BATCH, margin: bool = False) -> int | None:
     """The largest micro-batch b <= `limit` whose memory fits `accel` (None if 1 does not); see
-    the module docstring. Other settings (accumulation, strategy, devices) are the job's."""
+    the module docstring. Other settings (accumulation, strategy, devices) are the job's.
+    `margin`: the largest that is not tight (what the device holds leaves the band free); held
+    memory is non-decreasing in b like required memory, so the same search applies."""
     sem = semantics_for(job, accel)
     cap = accel.usable_memory_bytes
+    if margin:
+        cap = int(cap * (1 - fit_band()))
 
     def need(b: int) -> int:
-        return memory_at(job, accel, traces, sem, b)[2].required_bytes
+        m = memory_at(job, accel, traces, sem, b)[2]
+        return max(m.held_bytes, m.required_bytes) if margin else m.required_bytes
 
     lo, hi = ANCHORS
     if limit == 1 or need(lo) > cap:

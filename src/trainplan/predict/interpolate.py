@@ -99,5 +99,6 @@ def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False) -
         recompute_flops=num(lo.recompute_flops, hi.recompute_flops),
         activation_bytes=whole(lo.activation_bytes, hi.activation_bytes),
         weight_cast_bytes=whole(lo.weight_cast_bytes, hi.weight_cast_bytes),
+        moe_dispatch_elements=whole(lo.moe_dispatch_elements, hi.moe_dispatch_elements),
         modules=modules, timeline=timeline, memory_log=log, trace_seconds=0.0,
         notes=list(hi.notes))

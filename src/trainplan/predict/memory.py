@@ -4,10 +4,7 @@ The trace gives, for one device running the whole model, the live bytes by categ
 each phase (forward, backward, optimizer). A multi-device strategy changes some categories:
 
     single, ddp, dp : weights, gradients, optimizer states whole on every device
-    zero1           : optimizer states / N                      (Rajbhandari et al. 2020, P_os)
-    zero2           : optimizer states and gradients / N        (P_os+g; one reduce bucket kept)
-    zero3, fsdp     : weights, gradients, states / N, plus the gathered layers in flight
-                      (2 x the largest block: the current and the prefetched one)
+    zero1-3, fsdp   : as DeepSpeed and PyTorch allocate them (sharding.py, data/sharding.json)
     offload optimizer        : states (and ZeRO's fp32 grads) live in host RAM
     offload optimizer+params : weights too; only gathered layers stay on the device
 
@@ -19,7 +16,8 @@ Three figures, as PyTorch users know them:
     peak_allocated_bytes  torch.cuda.max_memory_allocated()
     peak_reserved_bytes   torch.cuda.max_memory_reserved(): allocated plus the caching allocator's
                           fragmentation, from replaying the traced allocations (allocator.py)
-    device_used_bytes     reserved + CUDA context and kernels: what nvidia-smi shows
+    device_used_bytes     reserved + CUDA context and kernels (+ NCCL's own buffers when
+                          several GPUs communicate): what nvidia-smi shows
 
 The framework release changes memory without changing the model (`Runtime`, presets in
 data/overheads.json; the default is today's PyTorch):
@@ -43,24 +41,33 @@ scaled by the share of it a strategy's device holds. On a
 device with room the allocator never releases anything, and `device_used_bytes` is context +
 the unconstrained reserved (nvidia-smi); where that exceeds the device but the step still fits, the
 allocator fills the device and the figure is its capacity.
+
+The verdict has a band (data/overheads.json `fit_band`, the predictor's own target error):
+`held_bytes` = context + the unconstrained reserved memory, what the device will actually hold
+after a few steps; `fit_margin` = 1 - held / capacity.
+
+    fits          fit_margin >= band
+    tight         required <= capacity, but fit_margin < band (including a step that fits only
+                  because the allocator releases its cache at the limit): OOM-prone in practice
+    does not fit  required > capacity
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from importlib import resources
 
 from ..accelerators import Accelerator
 from ..strategy import DDP, DP
+from ..trace.optimizers import PAGED as PAGED_OPTIMIZERS
 from ..trace.tracer import Trace
+from . import sharding
 from .allocator import replay
 
 # torch.optim optimizers whose step runs multi-tensor (foreach) on CUDA; the others in
 # trace/optimizers.py (Lion, Adafactor, 8-bit AdamW) are traced as per-parameter loops already
 FOREACH_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
-# Sharded gradients (ZeRO-2/3, FSDP) are reduce-scattered in buckets during backward: one bucket
-# filling while the previous one is reduced, each of torch DDP's default bucket_cap_mb (25 MiB).
-REDUCE_BUCKETS_IN_FLIGHT_BYTES = 2 * 25 * 2**20
 
 
 @dataclass(frozen=True)
@@ -76,14 +83,39 @@ class MemoryEstimate:
     peak_phase: str
     host_ram_bytes: int                   # host memory the job needs (offload, per-process copies)
     gpu0_extra_bytes: int = 0             # DataParallel: what GPU 0 holds beyond the others
+    held_bytes: int = 0                   # context + unconstrained reserved: what the device holds
 
     @property
     def fits(self) -> bool:
+        """Fits on paper: the least the step runs in is at most the capacity."""
         return self.required_bytes <= self.capacity_bytes
+
+    @property
+    def fit_margin(self) -> float:
+        """Fraction of the capacity left free by what the device will hold (negative: the
+        allocator must give cached blocks back to run the step, or it does not fit)."""
+        return 1.0 - self.held_bytes / self.capacity_bytes if self.capacity_bytes else -1.0
+
+    @property
+    def tight(self) -> bool:
+        """Fits on paper, within the band of the capacity (module docstring)."""
+        return self.fits and self.fit_margin < fit_band()
+
+    @property
+    def fit_state(self) -> str:
+        return FITS if self.fits and not self.tight else TIGHT if self.fits else NO_FIT
 
     @property
     def headroom_bytes(self) -> int:
         return self.capacity_bytes - self.device_used_bytes
+
+
+FITS, TIGHT, NO_FIT = "fits", "tight", "does not fit"
+
+
+def fit_band() -> float:
+    """The verdict's band: a job leaving less than this fraction of the device free is tight."""
+    return float(overheads()["fit_band"]["value"])
 
 
 @dataclass(frozen=True)
@@ -97,6 +129,7 @@ class Runtime:
     softmax_saves_input: bool = False
 
 
+@functools.cache
 def overheads() -> dict:
     """Framework overheads as data (data/overheads.json), each with its source."""
     text = (resources.files("trainplan") / "data" / "overheads.json").read_text()
@@ -115,14 +148,18 @@ def runtime(name: str | None = None) -> Runtime:
                    bool(p["cuda_lazy_loading"]), bool(p["softmax_saves_input"]))
 
 
-def framework_overhead_bytes(accel: Accelerator, rt: Runtime | None = None) -> int:
-    """Device memory outside PyTorch's allocator: the CUDA context with its loaded kernels."""
+def framework_overhead_bytes(accel: Accelerator, rt: Runtime | None = None,
+                             devices: int = 1) -> int:
+    """Device memory outside PyTorch's allocator: the CUDA context with its loaded kernels, and
+    NCCL's buffers when `devices` GPUs communicate (data/overheads.json)."""
     o = overheads()
     if accel.kind == "tpu":
         return int(o["xla_runtime_bytes"]["value"])
     rt = rt or runtime()
     key = "cuda_context_lazy_bytes" if rt.cuda_lazy_loading else "cuda_context_bytes"
-    return int(o[key]["value"])
+    nccl = o["nccl_buffers_bytes"]["value"]
+    comm = 0 if devices < 2 else nccl["2"] if devices == 2 else nccl["3+"]
+    return int(o[key]["value"]) + int(comm)
 
 
 def largest_trainable_tensor_bytes(trace: Trace) -> int:
@@ -190,26 +227,13 @@ def _transform(cats: dict[str, int], job, trace: Trace, phase: str,
     s = job.strategy
     c = {k: float(v) for k, v in cats.items()}
     _apply_runtime(c, job, trace, phase, rt or runtime())
-    shard_states, shard_grads, shard_weights = (s.shards_optimizer, s.shards_gradients,
-                                                s.shards_weights)
-    if shard_states:
-        c["optimizer_states"] /= n
-        if phase == "optimizer":   # the step's temporaries scale with the shard it updates
-            c["temporaries"] /= n
-    if shard_grads:
-        bucket = min(trace.gradient_bytes, REDUCE_BUCKETS_IN_FLIGHT_BYTES)
-        c["gradients"] = c["gradients"] / n + (bucket if phase == "backward" else 0)
-    if shard_weights:
-        gathered = 2 * trace.largest_block_param_bytes
-        c["weights"] = c["weights"] / n
-        # FSDP mixed precision gathers in the compute dtype instead of caching casts
-        c["weight_casts"] = gathered if phase != "optimizer" else 0
+    sharding.per_device(c, job, trace, phase, n)
     if job.offload in ("optimizer", "optimizer+params"):
         c["optimizer_states"] = 0
         if phase == "optimizer":
             c["temporaries"] = 0
     if job.offload == "optimizer+params":
-        c["weights"] = 0 if shard_weights else c["weights"]
+        c["weights"] = 0 if s.shards_weights else c["weights"]
     if s is DDP and n > 1 and ddp_buckets:
         c["gradients"] += trace.gradient_bytes   # bucket copies, allocated at DDP construction
     return {k: int(v) for k, v in c.items()}
@@ -261,19 +285,23 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
         if best is None or sum(t.values()) > sum(best.values()):
             best_phase, best = phase, t
     allocated = sum(best.values())
+    # paged optimizer states live in CUDA unified memory, outside the caching allocator: on the
+    # device while there is room, paged to host RAM by the driver when it runs short
+    paged = best["optimizer_states"] if job.optimizer in PAGED_OPTIMIZERS else 0
+    allocated -= paged
     # the single-device replay's fragmentation, scaled to what this strategy's device holds
     frag = frag or fragmentation(trace)
     share = allocated / trace.peak_allocated_bytes if trace.peak_allocated_bytes else 1.0
     reserved = allocated + int(frag.reserved * min(1.0, share))
     needed = allocated + int(frag.pinned * min(1.0, share))
-    overhead = framework_overhead_bytes(accel, rt)
+    overhead = framework_overhead_bytes(accel, rt, devices if job.gpus > 1 else 1)
     gpu0_extra = 0
     if job.strategy is DP and job.gpus > 1:
         # GPU 0 gathers every replica's outputs and holds the only optimizer state
         gpu0_extra = (job.gpus - 1) * _output_bytes(trace)
     capacity = accel.usable_memory_bytes
     required = needed + gpu0_extra + overhead
-    used = reserved + gpu0_extra + overhead
+    used = reserved + gpu0_extra + overhead + paged
     if required <= capacity < used:
         used = capacity     # the allocator fills the device, then gives cached blocks back
     breakdown = {
@@ -282,14 +310,15 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
         "optimizer_states": best["optimizer_states"],
         "activations": best["activations"],
         "temporaries": best["temporaries"] + best["weight_casts"] + gpu0_extra,
-        "fragmentation": used - overhead - allocated - gpu0_extra,
+        "fragmentation": max(0, used - overhead - allocated - paged - gpu0_extra),
         "framework_overhead": overhead,
     }
     return MemoryEstimate(
         peak_allocated_bytes=allocated + gpu0_extra, peak_reserved_bytes=reserved + gpu0_extra,
         device_used_bytes=used, required_bytes=required, capacity_bytes=capacity,
         breakdown_bytes=breakdown, peak_phase=best_phase,
-        host_ram_bytes=_host_ram(trace, job, accel), gpu0_extra_bytes=gpu0_extra)
+        host_ram_bytes=_host_ram(trace, job, accel), gpu0_extra_bytes=gpu0_extra,
+        held_bytes=reserved + gpu0_extra + overhead)      # paged states never cause an OOM
 
 
 def _replay_once(trace: Trace) -> tuple[int, int, int]:

@@ -125,6 +125,7 @@ def summarize(trace) -> OpTable:
                           "params_trainable": int(trace.params_trainable),
                           "weight_bytes": float(trace.weight_bytes),
                           "largest_block_param_bytes": float(trace.largest_block_param_bytes),
+                          "moe_dispatch_elements": int(trace.moe_dispatch_elements),
                           "batch_size": int(trace.batch_size),
                           "tokens_per_sample": trace.tokens_per_sample,
                           "channels_last": bool(trace.semantics.channels_last)})
@@ -274,7 +275,8 @@ def collective_s(kind: str, payload_bytes: float, n: int, accel) -> float:
     if bw <= 0:
         raise TrainplanError(f"No interconnect bandwidth for {accel.id!r}.",
                              fix="add interconnect_bytes_per_s to data/accelerators.csv")
-    factor = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}[kind] * (n - 1) / n
+    factor = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0,
+              "all_to_all": 1.0}[kind] * (n - 1) / n
     return factor * payload_bytes / (bw * link_fraction(accel))
 
 
@@ -293,10 +295,35 @@ def _comm(job, accel, meta, n, t_fwd, t_bwd, t_step_compute) -> tuple[float, flo
                  exceeds the compute window (plus the first unit's gather) is exposed.
       DP         torch.nn.DataParallel: per micro-batch, broadcast the weights from GPU 0,
                  scatter inputs, gather outputs, reduce gradients to GPU 0; nothing overlaps.
+    Expert parallelism adds its all-to-alls (`_all_to_all_s`) on top, exposed.
     """
     strat, notes = job.strategy, []
     if n <= 1 or strat is SINGLE:
         return 0.0, 0.0, notes
+    a2a = _all_to_all_s(job, accel, meta)
+    if a2a:
+        notes.append(f"expert parallelism over {job.expert_parallel} GPUs: 4 all-to-alls of the "
+                     "routed tokens per MoE layer and micro-batch, not overlapped")
+    exposed, host, more = _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd)
+    return exposed + a2a * max(1, int(job.grad_accum)), host, notes + more
+
+
+def _all_to_all_s(job, accel, meta) -> float:
+    """Expert parallelism: every MoE layer sends each routed (token, expert) pair's hidden state to
+    the expert's rank and back (dispatch, combine), in forward and again in backward: 4 x T k h
+    elements per layer and micro-batch, of which (ep - 1) / ep leave the rank (DeepSpeed
+    sharded_moe.py `_AllToAll`, Megatron `MoEAlltoAllTokenDispatcher`)."""
+    ep = int(getattr(job, "expert_parallel", 1))
+    elements = meta.get("moe_dispatch_elements", 0)
+    if ep <= 1 or not elements:
+        return 0.0
+    b = 4 if job.precision.full else 2
+    return 4 * collective_s("all_to_all", elements * b, ep, accel)
+
+
+def _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float, list]:
+    """The data-parallel strategy's collectives (see `_comm`)."""
+    strat, notes = job.strategy, []
     k = max(1, int(job.grad_accum))
     grads = meta["gradient_bytes"]
     half = not job.precision.full

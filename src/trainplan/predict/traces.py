@@ -28,7 +28,8 @@ ANCHORS = (2, 32)      # the two real traces every micro-batch >= 2 is read from
 # Job fields that do not change the traced step (applied after tracing, or planning-only).
 _UNTRACED = dict(gpus=1, strategy=SINGLE, offload="none", gpu=None, platforms=(), steps=None,
                  epochs=None, dataset_size=None, target_batch=None, session_overhead_s=None,
-                 num_workers=None, samples_per_s_per_worker=None, batch_size=1)
+                 num_workers=None, samples_per_s_per_worker=None, batch_size=1,
+                 expert_parallel=1)
 
 
 def trace_job(job):

@@ -10,7 +10,8 @@ from .console import console
 def estimate_text(est) -> None:
     c = console()
     m, t, tr, job = est.memory, est.time, est.trace, est.job
-    verdict = "[green]FITS[/green]" if est.fits else "[red]DOES NOT FIT[/red]"
+    verdict = ("[red]DOES NOT FIT[/red]" if not est.fits else
+               "[yellow]TIGHT[/yellow]" if m.tight else "[green]FITS[/green]")
     c.print(f"[bold]{tr.model}[/bold] on {job.gpus} x {est.accel.id} ({job.strategy.label}), "
             f"micro-batch {job.batch_size}" + (f" x {tr.seq_len} tokens" if tr.seq_len else "")
             + f", {job.optimizer}: {verdict}")
@@ -27,7 +28,11 @@ def estimate_text(est) -> None:
     tab.add_row("peak reserved", fmt_bytes(m.peak_reserved_bytes))
     tab.add_row("capacity", fmt_bytes(m.capacity_bytes))
     c.print(tab)
-    c.print(f"largest micro-batch that fits: {est.max_batch_size if est.max_batch_size else 'none'}")
+    c.print(f"free on the device: {m.fit_margin:.1%} of its capacity"
+            + (" (the allocator must release its cache)" if m.fit_margin < 0 and m.fits else ""))
+    c.print(f"largest micro-batch that fits: {est.max_batch_size if est.max_batch_size else 'none'}"
+            + ("" if est.max_batch_size is None else
+               f"; with headroom: {est.max_batch_size_with_margin or 'none'}"))
     if t is not None:
         c.print(f"step time {fmt_seconds(t.step_time_s)} ({job.grad_accum} micro-batch(es)), "
                 f"{t.samples_per_s:.1f} samples/s"

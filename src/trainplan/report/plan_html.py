@@ -51,7 +51,8 @@ ul.check { list-style: none; padding-left: 0.5em; } ul.check li { margin: 0.15em
 .s-info::before { content: "\\2022  "; color: #666; }
 """
 
-VERDICT_CLASS = {"READY": "v-ready", "READY WITH CHANGES": "v-changes", "WON'T FIT": "v-wont",
+VERDICT_CLASS = {"READY": "v-ready", "READY WITH CHANGES": "v-changes", "TIGHT": "v-changes",
+                 "WON'T FIT": "v-wont",
                  "RETIRED": "v-retired"}
 
 

@@ -28,7 +28,8 @@ from ..units import fmt_int, fmt_seconds, fmt_usd
 
 FIRST_SCREEN = 12     # platforms in the first table; the rest follow below it
 DETAILS = 6           # platforms in the detail tables
-STYLE = {"READY": "bold green", "READY WITH CHANGES": "bold yellow", "WON'T FIT": "bold red",
+STYLE = {"READY": "bold green", "READY WITH CHANGES": "bold yellow", "TIGHT": "bold yellow",
+         "WON'T FIT": "bold red",
          "RETIRED": "dim"}
 TERMINAL_SKIPS = ("peak in", "host RAM needed", "host RAM")   # in the Markdown and HTML reports
 MARK = {"pass": "[green]✓[/green]", "fail": "[red]✗[/red]", "warn": "[yellow]![/yellow]",

@@ -5,7 +5,9 @@
 * FLOPs from PyTorch's own formulas (`torch.utils.flop_counter.flop_registry`); attention kernels
   are counted as the kernel computes them: a causal FlashAttention / memory-efficient kernel skips
   the key blocks above the diagonal, so of n = ceil(s/B) blocks per row it computes n(n+1)/2 of
-  n^2 (block B = 128 for flash, 64 for the cutlass kernel);
+  n^2 (block B = 128 for flash, 64 for the cutlass kernel); MoE grouped GEMMs (`_grouped_mm`,
+  which PyTorch has no formula for) as 2 x routed rows x in x out (trace/moe.py), and run as
+  CUDA runs them for fp32/fp16 operands, which PyTorch's meta kernel refuses;
 * bytes read and written (inputs + outputs of ops that launch a kernel; views launch none);
 * live memory: every new output storage is added, rounded up to the CUDA caching allocator's
   512-byte granularity, and removed by a `weakref.finalize` on the storage when PyTorch frees it.
@@ -28,6 +30,8 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
+
+from . import moe
 
 aten = torch.ops.aten
 
@@ -71,7 +75,8 @@ def phase_peaks_from_log(log: list[tuple], sizes: dict[int, int] | None = None
     return {k: (v[0], {c: int(v[1].get(c, 0)) for c in CATEGORIES}) for k, v in peaks.items()}
 
 MATMUL_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution,
-              aten.convolution_backward, aten._convolution, aten.addbmm, aten.mv, aten.dot}
+              aten.convolution_backward, aten._convolution, aten.addbmm, aten.mv, aten.dot,
+              aten._grouped_mm}
 ATTENTION_OPS = {
     aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward,
     aten._scaled_dot_product_efficient_attention,
@@ -276,6 +281,8 @@ class StepCounter(TorchDispatchMode):
         packet = func._overloadpacket
         if packet is aten.convolution_backward:
             return _conv_backward_flops(args)
+        if packet is aten._grouped_mm:  # no formula in flop_registry: MoE experts (trace/moe.py)
+            return moe.grouped_mm_flops(args, kwargs)
         fn = flop_registry.get(packet)
         if fn is None:
             return 0.0
@@ -311,6 +318,8 @@ class StepCounter(TorchDispatchMode):
         inplace = _inplace_foreach(func)
         if inplace and _only_fake(args[0]):
             out = None  # see _inplace_foreach: nothing to compute on the fake device
+        elif func is moe.GROUPED_MM and moe.needs_fake(args, kwargs):
+            out = moe.grouped_mm_fake(*args, **kwargs)  # fp32/fp16: CUDA's fallback (moe.py)
         else:
             out = func(*args, **kwargs)
         packet = func._overloadpacket

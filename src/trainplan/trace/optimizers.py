@@ -11,6 +11,11 @@ Two optimizers torch lacks are emulated with their state layout:
 * 8-bit AdamW (bitsandbytes, Dettmers et al. 2022): two uint8 states per parameter plus one fp32
   absmax per 2048-element block ("block-wise quantization"); tensors under 4096 elements keep fp32
   states (bnb's min_8bit_size). The fused kernel updates in place: no whole-group temporaries.
+* Paged AdamW (bitsandbytes `PagedAdamW` / `PagedAdamW8bit`, Dettmers et al. 2023, section 3,
+  "Paged Optimizers"): the same state layout as AdamW 32-bit (two fp32 states a parameter, fused
+  in-place update) or 8-bit, allocated in CUDA unified memory, outside PyTorch's caching
+  allocator; the memory model (predict/memory.py) keeps them out of what must fit, since the
+  driver pages them to host RAM when the device runs short.
 * Adafactor (Shazeer & Stern 2018), as transformers.optimization.Adafactor runs it (HF Trainer's
   `optim="adafactor"`; torch.optim.Adafactor reads the parameter RMS with `.item()`, which a fake
   tensor cannot answer): no first moment (beta1=None); for a parameter of >= 2 dims the second
@@ -45,12 +50,15 @@ class Lion(torch.optim.Optimizer):
                 m.mul_(b2).add_(p.grad, alpha=1 - b2)
 
 
-class AdamW8bit(torch.optim.Optimizer):
-    BLOCK = 2048
-    MIN_8BIT_SIZE = 4096
+class AdamW32bitFused(torch.optim.Optimizer):
+    """bitsandbytes' 32-bit AdamW (Optimizer2State): fp32 states, one fused in-place kernel."""
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    def _init_state(self, p, state: dict) -> None:
+        state["state1"] = torch.zeros_like(p, dtype=torch.float32)
+        state["state2"] = torch.zeros_like(p, dtype=torch.float32)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -60,17 +68,25 @@ class AdamW8bit(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 if not state:
-                    if p.numel() >= self.MIN_8BIT_SIZE:
-                        blocks = math.ceil(p.numel() / self.BLOCK)
-                        state["state1"] = torch.zeros_like(p, dtype=torch.uint8)
-                        state["state2"] = torch.zeros_like(p, dtype=torch.uint8)
-                        state["absmax1"] = torch.zeros(blocks, device=p.device)
-                        state["absmax2"] = torch.zeros(blocks, device=p.device)
-                    else:
-                        state["state1"] = torch.zeros_like(p, dtype=torch.float32)
-                        state["state2"] = torch.zeros_like(p, dtype=torch.float32)
+                    self._init_state(p, state)
                 # the fused kernel reads p, grad and the states and writes p and the states
                 p.add_(p.grad, alpha=-group["lr"])
+
+
+class AdamW8bit(AdamW32bitFused):
+    """bitsandbytes' 8-bit AdamW: uint8 states with an fp32 absmax per block (module docstring)."""
+
+    BLOCK = 2048
+    MIN_8BIT_SIZE = 4096
+
+    def _init_state(self, p, state: dict) -> None:
+        if p.numel() < self.MIN_8BIT_SIZE:
+            return super()._init_state(p, state)
+        blocks = math.ceil(p.numel() / self.BLOCK)
+        state["state1"] = torch.zeros_like(p, dtype=torch.uint8)
+        state["state2"] = torch.zeros_like(p, dtype=torch.uint8)
+        state["absmax1"] = torch.zeros(blocks, device=p.device)
+        state["absmax2"] = torch.zeros(blocks, device=p.device)
 
 
 class Adafactor(torch.optim.Optimizer):
@@ -123,6 +139,12 @@ def build_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.
         return Adafactor(params, lr=lr)
     if name == "lion":
         return Lion(params, lr=lr)
-    if name == "adamw-8bit":
+    if name in ("adamw-8bit", "paged-adamw-8bit"):
         return AdamW8bit(params, lr=lr)
+    if name == "paged-adamw":
+        return AdamW32bitFused(params, lr=lr)
     raise ValueError(name)
+
+
+PAGED = ("paged-adamw", "paged-adamw-8bit")     # states in unified memory (see module docstring)
+BNB = ("adamw-8bit",) + PAGED                   # bitsandbytes optimizers (CUDA-only)

@@ -27,6 +27,7 @@ from torch.utils.module_tracker import ModuleTracker
 from ..errors import TrainplanError
 from ..models import ModelBundle, build_model
 from ..models.lora import apply_lora
+from . import moe
 from .checkpointing import apply_checkpointing
 from .counters import CATEGORIES, OpRecord, StepCounter
 from .optimizers import build_optimizer
@@ -120,6 +121,11 @@ class Trace:
     lora_modules: list[str]
     trace_seconds: float
     notes: list[str] = field(default_factory=list)
+    root_param_bytes: int = 0         # parameters outside the repeated blocks (FSDP's root unit)
+    expert_param_bytes: int = 0       # MoE experts' parameters as stored (trace/moe.py)
+    expert_trainable_bytes: int = 0
+    moe_dispatch_elements: int = 0    # T x k x hidden over MoE layers: one all-to-all's payload
+    hidden_size: int = 0              # the model's hidden size where it has one (0: unknown)
     # values the prediction layer derives from this trace alone (its op table, the allocator
     # replay), memoised so that every accelerator and strategy reuses them; never compared
     derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -205,15 +211,18 @@ _traced_before = False  # set once this process has traced a step
 
 
 def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
-               extra_mode=None) -> Trace:
+               extra_mode=None, routing: moe.Routing | None = None) -> Trace:
     """Trace one optimizer step of `job` at micro-batch `batch_size` (default job.batch_size).
 
     `extra_mode`, if given, is a dispatch mode entered inside the fake mode for the whole step
-    (tests use PyTorch's MemTracker to cross-check the live-memory peak).
+    (tests use PyTorch's MemTracker to cross-check the live-memory peak). `routing` is the MoE
+    routing assumption (trace/moe.py), by default the job's.
     """
     t0 = time.perf_counter()
     batch = batch_size or job.batch_size
     bundle = build_model(job, attention=semantics.attention)
+    bundle.notes.extend(moe.configure(bundle.module, routing or moe.routing_for(job),
+                                      moe.top_k_of(getattr(bundle.module, "config", None))))
     lora_names, _ = prepare_model(job, bundle)
     model = bundle.module
     model.train()
@@ -383,6 +392,10 @@ def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_
     notes = list(job.notes) + list(bundle.notes)
     if counter.unknown_flop_ops:
         notes.append("FLOPs not counted for: " + ", ".join(sorted(counter.unknown_flop_ops)))
+    if job.quantize.on:
+        notes.append(_quantized_note(job, model))
+    experts = moe.expert_footprint(model, batch * (bundle.tokens_per_sample or 1),
+                                   moe.top_k_of(getattr(model, "config", None)))
     return Trace(
         model=bundle.name, kind=bundle.kind, batch_size=batch, seq_len=job.seq_len,
         image_size=job.image_size, tokens_per_sample=bundle.tokens_per_sample,
@@ -394,7 +407,10 @@ def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_
         peak_breakdown_bytes=breakdown,
         phase_peaks={k: (v[0], {c: int(v[1].get(c, 0)) for c in CATEGORIES})
                      for k, v in counter.phase_peaks.items()},
-        largest_block_param_bytes=_largest_block_bytes(model), flops=flops, bytes_moved=moved,
+        largest_block_param_bytes=_largest_block_bytes(model), root_param_bytes=_root_bytes(model),
+        expert_param_bytes=experts[0], expert_trainable_bytes=experts[1],
+        moe_dispatch_elements=experts[2], hidden_size=_hidden_size(job, model),
+        flops=flops, bytes_moved=moved,
         recompute_flops=recompute, ops=list(counter.records), modules=rows,
         timeline=_downsample(counter.timeline), alloc_events=counter.events,
         memory_log=counter.memory_log,
@@ -408,6 +424,45 @@ def _largest_block_bytes(model) -> int:
     if not blocks:
         return sum(p.numel() * p.element_size() for p in model.parameters())
     return max(sum(p.numel() * p.element_size() for p in b.parameters()) for _, b in blocks)
+
+
+def _root_bytes(model) -> int:
+    """Parameter bytes outside every repeated block (embeddings, final norm, output head): what
+    an FSDP wrap of the blocks leaves to the root unit (predict/sharding.py)."""
+    from .checkpointing import find_blocks
+    inside = {id(p) for _, b in find_blocks(model) for p in b.parameters()}
+    uniq = {id(p): p for p in model.parameters()}
+    return sum(p.numel() * p.element_size() for i, p in uniq.items() if i not in inside)
+
+
+def _hidden_size(job, model) -> int:
+    """The model's hidden size (HF config, or the reference transformer's dimensions)."""
+    if job.transformer is not None:
+        return int(job.transformer.hidden_size)
+    cfg = getattr(model, "config", None)
+    get = getattr(cfg, "get_text_config", None)
+    cfg = get() if get else cfg
+    h = getattr(cfg, "hidden_size", None)
+    return int(h) if isinstance(h, int) else 0
+
+
+def _quantized_note(job, model) -> str:
+    """What QLoRA stores: the quantised weights with their state, and the rest in its dtype."""
+    from ..models.lora import QuantizedWeight
+    from ..units import fmt_bytes, fmt_count
+    qs = [m for m in model.modules() if isinstance(m, QuantizedWeight)]
+    q_params = sum(m.shape[0] * m.shape[1] for m in qs)
+    q_bytes = sum(m.packed.numel() + m.quant_state.numel() for m in qs)
+    rest = {id(p): p for n, p in model.named_parameters()
+            if not n.endswith("packed") and not p.requires_grad}.values()
+    r_params = sum(p.numel() for p in rest)
+    r_bytes = sum(p.numel() * p.element_size() for p in rest)
+    dtypes = sorted({str(p.dtype).replace("torch.", "") for p in rest})
+    why = (" (as peft's prepare_model_for_kbit_training casts them under mixed precision)"
+           if "float32" in dtypes and job.precision.amp else "")
+    return (f"{job.quantize.label}: {fmt_count(q_params)} weights in {fmt_bytes(q_bytes)} with "
+            f"their quantisation state; {fmt_count(r_params)} frozen parameters left unquantised "
+            f"(embeddings, norms, head) in {'/'.join(dtypes) or '-'}, {fmt_bytes(r_bytes)}{why}")
 
 
 def _packed_param_count(model) -> int:

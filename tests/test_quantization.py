@@ -1,0 +1,122 @@
+"""Quantised base weights (quantization.py, models/lora.py): each library's bytes in closed form,
+what its matmul keeps for backward, and the spellings users write."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trainplan.errors import TrainplanError
+from trainplan.models.lora import QuantizedWeight
+from trainplan.quantization import FP4, INT8, NF4, NF4_DQ, NONE, TORCHAO_NF4, parse
+from trainplan.spec import Lora
+
+from conftest import tiny_job, trace
+
+SHAPES = [(4096, 4096), (11008, 4096), (64, 128), (3, 5)]
+
+
+@pytest.mark.parametrize("out_f,in_f", SHAPES)
+def test_nf4_bytes_closed_form(out_f, in_f):
+    n = out_f * in_f
+    blocks = math.ceil(n / 64)
+    # bitsandbytes default: one fp32 absmax per 64 weights
+    assert NF4.weight_bytes(out_f, in_f) == math.ceil(n / 2) + 4 * blocks
+    assert FP4.weight_bytes(out_f, in_f) == NF4.weight_bytes(out_f, in_f)
+    # double quantisation: 8-bit absmax, one fp32 scale per 256 of them, one fp32 offset
+    dq = math.ceil(n / 2) + blocks + 4 * math.ceil(blocks / 256) + 4
+    assert NF4_DQ.weight_bytes(out_f, in_f) == dq
+    assert TORCHAO_NF4.weight_bytes(out_f, in_f) == dq
+    # LLM.int8: one byte a weight, one fp32 scale per output row
+    assert INT8.weight_bytes(out_f, in_f) == n + 4 * out_f
+
+
+def test_qlora_paper_bits_per_parameter():
+    """QLoRA section 3: 32/64 = 0.5 bits of statistics per parameter without double quantisation,
+    8/64 + 32/(64*256) = 0.127 with it (large matrices: the offset is negligible)."""
+    n = 4096 * 4096
+    assert (NF4.weight_bytes(4096, 4096) * 8 / n - 4) == pytest.approx(0.5)
+    assert (NF4_DQ.weight_bytes(4096, 4096) * 8 / n - 4) == pytest.approx(0.127, abs=1e-3)
+
+
+@pytest.mark.parametrize("q", [NF4, NF4_DQ, INT8, TORCHAO_NF4])
+def test_layer_holds_exactly_the_closed_form(q):
+    import torch
+    with torch.device("meta"):
+        w = QuantizedWeight(11008, 4096, q, torch.bfloat16)
+    held = w.packed.numel() + w.quant_state.numel()
+    assert held == q.weight_bytes(11008, 4096)
+
+
+def _qlora(quantize, targets="all-linear", **kw):
+    return tiny_job(lora=Lora(rank=4, alpha=8, targets=targets, dropout=0.0),
+                    quantize=quantize, precision="bf16", **kw)
+
+
+# the tiny reference decoder's linears, each layer (the head, lm_head, is never quantised)
+LAYER_LINEARS = [(64, 64)] * 4 + [(128, 64), (64, 128)]
+
+
+def test_traced_weights_are_the_quantised_layers_plus_the_rest():
+    """Traced weight bytes change by exactly the closed form of every quantised linear: the
+    frozen bf16 weight (2 B each) leaves, the packed weight with its state comes in. LoRA
+    adapters on every linear are the same in all three jobs."""
+    plain = trace(_qlora("none"))
+    linears = LAYER_LINEARS * 2
+    for q in (NF4, NF4_DQ, INT8):
+        tr = trace(_qlora(q.name))
+        delta = sum(q.weight_bytes(o, i) - 2 * o * i for o, i in linears)
+        assert tr.weight_bytes - plain.weight_bytes == delta
+        assert tr.params_total == plain.params_total      # quantised weights count what they encode
+        assert any("quantisation state" in n for n in tr.notes)
+
+
+def test_torchao_keeps_no_input_bitsandbytes_does():
+    """bitsandbytes' MatMul4Bit keeps each quantised layer's input for backward; torchao's
+    linear_nf4 keeps only the weight: same weights, fewer saved activations (adapters on q and v
+    only, so the inputs of o, up and down are kept only for bitsandbytes)."""
+    bnb, ao = trace(_qlora("nf4-dq", "q,v")), trace(_qlora("torchao-nf4", "q,v"))
+    assert bnb.weight_bytes == ao.weight_bytes
+    assert ao.activation_bytes < bnb.activation_bytes
+
+
+@pytest.mark.parametrize("text,q", [("bnb.nf4", NF4), ("bnb.nf4-dq", NF4_DQ), ("QLoRA", NF4_DQ),
+                                    ("8bit", INT8), ("none", NONE), (None, NONE),
+                                    ("torchtune-nf4", TORCHAO_NF4)])
+def test_spellings(text, q):
+    assert parse(text) is q
+
+
+def test_bad_spelling_names_the_close_match():
+    with pytest.raises(TrainplanError) as e:
+        parse("nf4-qd")
+    assert "Did you mean" in e.value.what and "nf4-dq" in e.value.allowed
+
+
+def test_only_bitsandbytes_is_cuda_only():
+    assert NF4.bnb and INT8.bnb and not TORCHAO_NF4.bnb and not NONE.on
+
+
+def test_readme_lists_every_quantisation_spelling():
+    from pathlib import Path
+    from trainplan.quantization import spellings_table
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for name, spellings, meaning in spellings_table():
+        assert f"| {name} | {spellings} | {meaning} |" in text, name
+
+
+def test_paged_optimizer_states_never_count_against_the_fit():
+    """bitsandbytes' paged optimizers keep their states in CUDA unified memory: outside the
+    caching allocator (not in max_memory_allocated), on the device while there is room
+    (nvidia-smi shows them), paged to host RAM when it runs short (QLoRA paper, section 3)."""
+    from trainplan.accelerators import get_accelerator
+    from trainplan.predict.memory import estimate_memory
+    job = tiny_job(optimizer="paged-adamw", num_layers=4)
+    tr = trace(job)
+    m = estimate_memory(tr, get_accelerator("a100-sxm4-80gb"), job)
+    states = m.breakdown_bytes["optimizer_states"]
+    assert states == pytest.approx(8 * tr.params_trainable, rel=0.02)    # fp32 moments
+    assert m.peak_allocated_bytes == sum(m.breakdown_bytes[k] for k in (
+        "weights", "gradients", "activations", "temporaries"))           # states left out
+    assert m.device_used_bytes == sum(m.breakdown_bytes.values())       # ... but on the device
+    assert m.held_bytes == m.device_used_bytes - states
