@@ -50,7 +50,7 @@ def to_json(est: Estimate) -> dict:
         "precision": job.precision.name,
         "precision_label": job.precision.label,
         "fits": est.fits,
-        "fit": m.fit_state if est.fits else "does not fit",
+        "fit": est.fit_state,
         "fit_margin": m.fit_margin,
         "per_device": {
             "peak_allocated_bytes": m.peak_allocated_bytes,

@@ -69,6 +69,12 @@ class Precision(Named):
         """fp32 or tf32: no 16-bit anywhere."""
         return self.half is None
 
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes of one element in the compute dtype: what gathered weights, communicated
+        gradients and activations sent between devices take (2 for fp16/bf16, 4 otherwise)."""
+        return 4 if self.full else 2
+
     def with_compute(self, compute: str) -> "Precision":
         """The same kind of precision (AMP or pure) in another 16-bit dtype: bf16 -> fp16."""
         return next(p for p in ALL if p.amp == self.amp and p.compute == compute

@@ -38,6 +38,10 @@ CHECKPOINT_IMPLS = ("auto", "reentrant", "non-reentrant")
 ATTENTIONS = ("auto", "eager", "sdpa", "flash", "efficient", "math")
 QUANTIZE = quant_mod.NAMES
 TASKS = ("causal-lm", "masked-lm", "seq-classification", "seq2seq", "image-classification")
+# other spellings of an optimizer (bitsandbytes' class names, the HF Trainer's `optim` values)
+OPTIMIZER_ALIASES = {"adamw8bit": "adamw-8bit", "adam8bit": "adamw-8bit",
+                     "8bit-adamw": "adamw-8bit", "adamw-bnb-8bit": "adamw-8bit",
+                     "paged-adamw-32bit": "paged-adamw", "paged-adamw8bit": "paged-adamw-8bit"}
 
 @dataclass(frozen=True)
 class Lora:
@@ -323,11 +327,8 @@ def _positive_int(name: str, value, allow_none=False) -> None:
 
 def validate(job: Job) -> Job:
     """Check every setting; normalise aliases. Raises TrainplanError naming the bad setting."""
-    job = job.with_(optimizer=str(job.optimizer).lower().replace("_", "-"))
-    if job.optimizer in ("adamw8bit", "adam8bit", "8bit-adamw", "adamw-bnb-8bit"):
-        job = job.with_(optimizer="adamw-8bit")
-    if job.optimizer in ("paged-adamw-32bit", "paged-adamw8bit"):   # HF Trainer's optim names
-        job = job.with_(optimizer="paged-adamw" if "32" in job.optimizer else "paged-adamw-8bit")
+    name = str(job.optimizer).lower().replace("_", "-")
+    job = job.with_(optimizer=OPTIMIZER_ALIASES.get(name, name))
     _choice("optimizer", job.optimizer, OPTIMIZERS)
     _choice("offload", job.offload, OFFLOADS)
     _choice("grad_checkpointing", job.grad_checkpointing, CHECKPOINTING)

@@ -25,7 +25,7 @@ from ..trace.tracer import Trace
 from . import compat
 from .calibration import BUNDLED_ONLY, Calibration
 from .findings import Finding
-from .memory import (MemoryEstimate, estimate_memory, fit_band, fragmentation,
+from .memory import (NO_FIT, MemoryEstimate, estimate_memory, fit_band, fragmentation,
                      fragmentation_between)
 from .target import devices, semantics_for
 from .timing import StepTime, estimate_step_time
@@ -57,6 +57,11 @@ class Evaluation:
     def tight(self) -> bool:
         """Fits on paper, but within the verdict's band of the capacity (memory.py)."""
         return self.fits and self.memory.tight
+
+    @property
+    def fit_state(self) -> str:
+        """fits / tight / does not fit (memory.py), "does not fit" where a finding stops it."""
+        return self.memory.fit_state if self.fits else NO_FIT
 
     @property
     def blocked(self) -> bool:
@@ -135,7 +140,8 @@ def largest_micro_batch(job, accel: Accelerator, traces: Traces,
     """The largest micro-batch b <= `limit` whose memory fits `accel` (None if 1 does not); see
     the module docstring. Other settings (accumulation, strategy, devices) are the job's.
     `margin`: the largest that is not tight (what the device holds leaves the band free); held
-    memory is non-decreasing in b like required memory, so the same search applies."""
+    memory (never below required: pinned segments are reserved ones) is non-decreasing in b
+    like required memory, so the same search applies."""
     sem = semantics_for(job, accel)
     cap = accel.usable_memory_bytes
     if margin:
@@ -143,7 +149,7 @@ def largest_micro_batch(job, accel: Accelerator, traces: Traces,
 
     def need(b: int) -> int:
         m = memory_at(job, accel, traces, sem, b)[2]
-        return max(m.held_bytes, m.required_bytes) if margin else m.required_bytes
+        return m.held_bytes if margin else m.required_bytes
 
     lo, hi = ANCHORS
     if limit == 1 or need(lo) > cap:

@@ -294,7 +294,7 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
     share = allocated / trace.peak_allocated_bytes if trace.peak_allocated_bytes else 1.0
     reserved = allocated + int(frag.reserved * min(1.0, share))
     needed = allocated + int(frag.pinned * min(1.0, share))
-    overhead = framework_overhead_bytes(accel, rt, devices if job.gpus > 1 else 1)
+    overhead = framework_overhead_bytes(accel, rt, devices)
     gpu0_extra = 0
     if job.strategy is DP and job.gpus > 1:
         # GPU 0 gathers every replica's outputs and holds the only optimizer state

@@ -22,7 +22,7 @@ ZeRO optimizer keeps fp32 master weights, counted with the optimizer states as t
 K = 12 bytes per parameter for Adam):
 
     stage   weights           gradients                                    states + master
-    1       2 B x P           2 B x P (full until the boundary) + P/N      (K x P) / N
+    1       2 B x P           2 B x P (full until the boundary) + 2 B P/N  (K x P) / N
     2       2 B x P           2 B x P / N                                  (K x P) / N
     3       2 B x P / N       2 B x P / N                                  (K x P) / N
 
@@ -60,10 +60,6 @@ def _stored_bytes(trace) -> float:
     return trace.trainable_param_bytes / max(1, trace.params_trainable) or 4.0
 
 
-def _compute_bytes(job) -> int:
-    return 2 if job.precision.half else 4
-
-
 def per_device(c: dict[str, float], job, trace, phase: str, n: int) -> None:
     """Rewrite phase categories `c` (single-device bytes) as one of `n` devices holds them under
     job.strategy (FSDP or ZeRO; others are left as they are) and expert parallelism. Mutates `c`."""
@@ -85,7 +81,7 @@ def _expert_parallel(c: dict[str, float], job, trace) -> None:
     phase's peak in proportion, so their expert share (of the trainable bytes) is what falls.
     Activations are unchanged under uniform routing: each rank computes about T x k expert rows
     either way."""
-    ep = max(1, int(getattr(job, "expert_parallel", 1)))
+    ep = job.expert_parallel
     if ep == 1 or not trace.expert_param_bytes:
         return
     s, cut = job.strategy, 1 - 1 / ep
@@ -99,7 +95,7 @@ def _expert_parallel(c: dict[str, float], job, trace) -> None:
 
 
 def _fsdp(c: dict[str, float], job, trace, phase: str, n: int) -> None:
-    half = _compute_bytes(job) / _stored_bytes(trace)      # unsharded copies are in compute dtype
+    half = job.precision.compute_bytes / _stored_bytes(trace)   # gathered in the compute dtype
     trainable = trace.trainable_param_bytes / max(1, trace.weight_bytes)
     c["weights"] /= n
     c["gradients"] /= n
@@ -120,7 +116,7 @@ def _fsdp(c: dict[str, float], job, trace, phase: str, n: int) -> None:
 def _buckets(trace) -> tuple[float, float]:
     """(reduce bucket, stage-3 prefetch) in elements: accelerate's / the HF Trainer's "auto"
     values from the hidden size, else DeepSpeed's defaults (data/sharding.json)."""
-    h = getattr(trace, "hidden_size", 0)
+    h = trace.hidden_size
     if h:
         auto = defaults()["zero_auto_per_hidden_squared"]["value"]
         return auto["reduce_bucket_size"] * h * h, auto["stage3_prefetch_bucket_size"] * h * h
@@ -128,7 +124,7 @@ def _buckets(trace) -> tuple[float, float]:
 
 
 def _zero(c: dict[str, float], job, trace, phase: str, n: int) -> None:
-    b = _compute_bytes(job)
+    b = job.precision.compute_bytes
     stored = _stored_bytes(trace)
     p_t = trace.params_trainable
     s = job.strategy

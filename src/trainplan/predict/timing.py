@@ -313,12 +313,11 @@ def _all_to_all_s(job, accel, meta) -> float:
     the expert's rank and back (dispatch, combine), in forward and again in backward: 4 x T k h
     elements per layer and micro-batch, of which (ep - 1) / ep leave the rank (DeepSpeed
     sharded_moe.py `_AllToAll`, Megatron `MoEAlltoAllTokenDispatcher`)."""
-    ep = int(getattr(job, "expert_parallel", 1))
+    ep = job.expert_parallel
     elements = meta.get("moe_dispatch_elements", 0)
     if ep <= 1 or not elements:
         return 0.0
-    b = 4 if job.precision.full else 2
-    return 4 * collective_s("all_to_all", elements * b, ep, accel)
+    return 4 * collective_s("all_to_all", elements * job.precision.compute_bytes, ep, accel)
 
 
 def _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float, list]:
@@ -326,9 +325,9 @@ def _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float
     strat, notes = job.strategy, []
     k = max(1, int(job.grad_accum))
     grads = meta["gradient_bytes"]
-    half = not job.precision.full
-    p_compute = meta["params_total"] * (2 if half else 4)
-    g_compute = meta.get("params_trainable", meta["params_total"]) * (2 if half else 4)
+    b = job.precision.compute_bytes
+    p_compute = meta["params_total"] * b
+    g_compute = meta.get("params_trainable", meta["params_total"]) * b
     if strat is DP:
         per_mb = (collective_s("all_gather", meta["weight_bytes"] * n / (n - 1), n, accel)
                   + collective_s("reduce_scatter", grads * n / (n - 1), n, accel))

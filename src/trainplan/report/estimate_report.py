@@ -10,8 +10,8 @@ from .console import console
 def estimate_text(est) -> None:
     c = console()
     m, t, tr, job = est.memory, est.time, est.trace, est.job
-    verdict = ("[red]DOES NOT FIT[/red]" if not est.fits else
-               "[yellow]TIGHT[/yellow]" if m.tight else "[green]FITS[/green]")
+    verdict = {"fits": "[green]FITS[/green]", "tight": "[yellow]TIGHT[/yellow]",
+               "does not fit": "[red]DOES NOT FIT[/red]"}[est.fit_state]
     c.print(f"[bold]{tr.model}[/bold] on {job.gpus} x {est.accel.id} ({job.strategy.label}), "
             f"micro-batch {job.batch_size}" + (f" x {tr.seq_len} tokens" if tr.seq_len else "")
             + f", {job.optimizer}: {verdict}")

@@ -84,8 +84,8 @@ def capacity(pairs: int, experts: int, factor: float) -> int:
 
 
 def routing_for(job) -> Routing:
-    """The routing assumption of `job` (Job.moe_capacity_factor, when spec.py has it)."""
-    return Routing(getattr(job, "moe_capacity_factor", None))
+    """The routing assumption of `job` (Job.moe_capacity_factor)."""
+    return Routing(job.moe_capacity_factor)
 
 
 # -- the experts modules of a model -------------------------------------------------------------

@@ -394,6 +394,7 @@ def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_
         notes.append("FLOPs not counted for: " + ", ".join(sorted(counter.unknown_flop_ops)))
     if job.quantize.on:
         notes.append(_quantized_note(job, model))
+    units = _unit_bytes(model)
     experts = moe.expert_footprint(model, batch * (bundle.tokens_per_sample or 1),
                                    moe.top_k_of(getattr(model, "config", None)))
     return Trace(
@@ -407,7 +408,7 @@ def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_
         peak_breakdown_bytes=breakdown,
         phase_peaks={k: (v[0], {c: int(v[1].get(c, 0)) for c in CATEGORIES})
                      for k, v in counter.phase_peaks.items()},
-        largest_block_param_bytes=_largest_block_bytes(model), root_param_bytes=_root_bytes(model),
+        largest_block_param_bytes=units[0], root_param_bytes=units[1],
         expert_param_bytes=experts[0], expert_trainable_bytes=experts[1],
         moe_dispatch_elements=experts[2], hidden_size=_hidden_size(job, model),
         flops=flops, bytes_moved=moved,
@@ -417,22 +418,18 @@ def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_
         checkpointed_blocks=blocks, lora_modules=lora_names, trace_seconds=seconds, notes=notes)
 
 
-def _largest_block_bytes(model) -> int:
-    """Parameter bytes of the largest repeated block: what FSDP/ZeRO-3 gathers at a time."""
+def _unit_bytes(model) -> tuple[int, int]:
+    """(parameter bytes of the largest repeated block, what FSDP/ZeRO-3 gathers at a time;
+    parameter bytes outside every block: embeddings, final norm, output head, what an FSDP wrap
+    of the blocks leaves to the root unit, predict/sharding.py). Without blocks both are the
+    whole model."""
     from .checkpointing import find_blocks
     blocks = find_blocks(model)
-    if not blocks:
-        return sum(p.numel() * p.element_size() for p in model.parameters())
-    return max(sum(p.numel() * p.element_size() for p in b.parameters()) for _, b in blocks)
-
-
-def _root_bytes(model) -> int:
-    """Parameter bytes outside every repeated block (embeddings, final norm, output head): what
-    an FSDP wrap of the blocks leaves to the root unit (predict/sharding.py)."""
-    from .checkpointing import find_blocks
-    inside = {id(p) for _, b in find_blocks(model) for p in b.parameters()}
+    largest = max((sum(p.numel() * p.element_size() for p in b.parameters()) for _, b in blocks),
+                  default=sum(p.numel() * p.element_size() for p in model.parameters()))
+    inside = {id(p) for _, b in blocks for p in b.parameters()}
     uniq = {id(p): p for p in model.parameters()}
-    return sum(p.numel() * p.element_size() for i, p in uniq.items() if i not in inside)
+    return largest, sum(p.numel() * p.element_size() for i, p in uniq.items() if i not in inside)
 
 
 def _hidden_size(job, model) -> int:
