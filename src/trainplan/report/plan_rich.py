@@ -91,7 +91,9 @@ def _problems(doc: dict, limit: int) -> list[str]:
         out.append(f"[bold]{escape(p['platform_id'])}[/bold]: {_styled(p['verdict'])}")
         for f in p["fixes"]:
             state = "fits" if f["fits"] else "does not fit yet"
-            out.append(f"  fix: {escape(f['title'])} -> micro-batch {f['micro_batch_size']}, {state}"
+            mb = f["micro_batch_size"]
+            result = f"micro-batch {mb}, {state}" if mb is not None else "not planned"
+            out.append(f"  fix: {escape(f['title'])} -> {result}"
                        + (f" ({escape(f['note'])})" if f["note"] else ""))
         out += [f"  {MARK[c['status']]} {escape(c['text'])}" for c in issues]
     return out
