@@ -93,3 +93,34 @@ def test_builds_on_meta_with_published_param_count(row):
         assert n_params == int(row["published_params"]), (
             f"{row['hub_id']}: built {n_params}, published {row['published_params']}"
         )
+
+
+@pytest.mark.parametrize("hub_id,arch,expected", [
+    ("mosaicml/mpt-7b", "MPTForCausalLM", "MptForCausalLM"),             # remote-code spelling
+    ("google-t5/t5-small", "T5WithLMHeadModel", "T5ForConditionalGeneration"),   # legacy name
+    ("openai-community/gpt2", "GPT2LMHeadModel", "GPT2LMHeadModel"),
+])
+def test_architecture_without_a_transformers_class_maps_through_model_type(hub_id, arch,
+                                                                          expected):
+    """A config.json whose `architectures` names a class transformers does not have is built
+    with the class of its model_type for the task the name's head suffix says."""
+    from trainplan.models.hf import resolve_architecture
+    cfg = json.loads(_json_path(hub_id).read_text())
+    cls, note = resolve_architecture(arch, cfg["model_type"])
+    assert cls.__name__ == expected
+    assert (note is None) == (arch.lower() == expected.lower())
+    if note:
+        assert arch in note and expected in note
+
+
+def test_local_config_with_legacy_architecture_estimates(tmp_path):
+    from trainplan.accelerators import get_accelerator
+    from trainplan.estimate import estimate
+    from trainplan.spec import Job, validate
+    cfg = json.loads(_json_path("google-t5/t5-small").read_text())
+    cfg["architectures"] = ["T5WithLMHeadModel"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    job = validate(Job(model=f"hf:{tmp_path / 'config.json'}", batch_size=2, seq_len=64))
+    est = estimate(job, get_accelerator("t4"), with_max_batch=False)
+    assert est.time.step_time_s > 0
+    assert any("T5WithLMHeadModel" in n for n in est.trace.notes)

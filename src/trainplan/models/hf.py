@@ -99,18 +99,57 @@ def make_config(cfg: dict):
     return cls(**kwargs)
 
 
-def _model_class(name: str, model_type: str):
-    """The concrete class an Auto class (or an `architectures` entry) builds for model_type."""
+# An `architectures` entry transformers has no class for (remote-code MPT's `MPTForCausalLM`,
+# the legacy `T5WithLMHeadModel`) is mapped through the config's model_type: its head suffix
+# names the task, the task's Auto mapping names the class transformers has for that model_type.
+HEAD_TASKS = (("ForConditionalGeneration", ("AutoModelForSeq2SeqLM", "AutoModelForImageTextToText",
+                                            "AutoModelForCausalLM")),
+              ("LMHeadModel", ("AutoModelForSeq2SeqLM", "AutoModelForCausalLM")),
+              ("ForCausalLM", ("AutoModelForCausalLM",)),
+              ("ForMaskedLM", ("AutoModelForMaskedLM",)),
+              ("ForSequenceClassification", ("AutoModelForSequenceClassification",)),
+              ("ForImageClassification", ("AutoModelForImageClassification",)))
+
+
+def _family_class(name: str, model_type: str, is_auto: bool):
     from transformers.models.auto import modeling_auto
-    cls_name = name
-    if name in AUTO_MAPPINGS:
-        cls_name = getattr(modeling_auto, AUTO_MAPPINGS[name], {}).get(model_type)
-    if cls_name:
-        try:
-            return getattr(_family_module(model_type, "modeling"), cls_name)
-        except (ImportError, AttributeError):
-            pass
-    return _auto_class(name)
+    cls_name = getattr(modeling_auto, AUTO_MAPPINGS[name], {}).get(model_type) if is_auto else name
+    if not cls_name:
+        return None
+    try:
+        module = _family_module(model_type, "modeling")
+    except ImportError:
+        return None
+    if hasattr(module, cls_name):
+        return getattr(module, cls_name)
+    folded = {n.lower(): n for n in dir(module)}          # MPTForCausalLM -> MptForCausalLM
+    return getattr(module, folded[cls_name.lower()]) if cls_name.lower() in folded else None
+
+
+def resolve_architecture(name: str, model_type: str):
+    """(class, note or None) for a config's architecture or an Auto class name.
+
+    Falls back on model_type when transformers has no class of that name: the head suffix picks
+    the task (HEAD_TASKS), the task's Auto mapping the class, and the note says what was built.
+    """
+    cls = _family_class(name, model_type, name in AUTO_MAPPINGS)
+    if cls is not None:
+        return cls, None
+    if name in AUTO_MAPPINGS or hasattr(__import__("transformers"), name):
+        return _auto_class(name), None
+    tasks = next((t for suffix, t in HEAD_TASKS if name.endswith(suffix)),
+                 ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModelForMaskedLM",
+                  "AutoModel"))
+    for auto in tasks:
+        cls = _family_class(auto, model_type, True)
+        if cls is not None:
+            return cls, (f"config.json names {name}, which transformers does not have; built "
+                         f"{cls.__name__}, transformers' {auto[len('AutoModelFor'):] or 'base'} "
+                         f"class for model_type {model_type!r}")
+    raise TrainplanError(f"transformers has no class {name!r} and no model for model_type "
+                         f"{model_type!r}.",
+                         fix="set `architectures` in config.json to a transformers class, or "
+                             "pass --task (causal-lm, masked-lm, seq2seq, ...)")
 
 
 def _auto_class(name: str):
@@ -130,7 +169,9 @@ def build_hf(job, attention: str = "efficient") -> ModelBundle:
     if auto_name is None:
         archs = cfg_dict.get("architectures") or []
         auto_name = archs[0] if archs else "AutoModelForCausalLM"
-    cls = _model_class(auto_name, cfg_dict.get("model_type"))
+    cls, mapped = resolve_architecture(auto_name, cfg_dict.get("model_type"))
+    if mapped:
+        auto_name = cls.__name__
     attn = "eager" if attention == "eager" else "sdpa"
     if job.seq_len and getattr(config, "max_seq_len", None) and job.seq_len > config.max_seq_len:
         # MPT sizes its ALiBi bias from max_seq_len (a setting, not a weight); llm-foundry sets
@@ -141,7 +182,7 @@ def build_hf(job, attention: str = "efficient") -> ModelBundle:
         # would make the backward's recomputation see different shapes
         for c in {id(config): config, id(_text_config(config)): _text_config(config)}.values():
             c.use_cache = False
-    notes = []
+    notes = [mapped] if mapped else []
     with torch.device("meta"):
         try:
             model = _from_config(cls, config, attn)
