@@ -103,7 +103,8 @@ def test_peak_flops_semantics():
     assert t4.peak_flops("bf16") == 0.0            # unsupported -> 0, caller reports it
     assert t4.peak_flops("tf32") == t4.peak_flops("fp32") == 8.1e12  # no TF32 on Turing
     assert t4.peak_flops("fp16") == 65e12
-    assert p100.peak_flops("fp16") == 18.7e12      # no tensor cores: non-tensor FP16
+    # no tensor cores: PyTorch half GEMMs accumulate in fp32, at the FP32 FMA rate
+    assert p100.peak_flops("fp16") == p100.fp32_flops == 9.3e12
     assert v100.peak_flops("bf16") == 0.0
     assert a100.peak_flops("tf32") == 156e12 and a100.peak_flops("FP16") == 312e12
     assert get_accelerator("tpu-v3-8").peak_flops("fp16") == 0.0

@@ -209,7 +209,8 @@ def test_expert_parallel_divides_the_replicated_experts(tiny):
 
 def test_expert_parallel_adds_all_to_alls(tiny):
     from trainplan.accelerators import get_accelerator
-    from trainplan.predict.timing import collective_s, estimate_step_time
+    from trainplan.predict.comm import collective_s
+    from trainplan.predict.timing import estimate_step_time
     tr = _trace(tiny)
     h100 = get_accelerator("h100-sxm")
     job = validate(Job(model=tiny, batch_size=B, seq_len=SEQ, gpus=4, strategy="ddp"))
@@ -223,3 +224,18 @@ def test_expert_parallel_must_divide_the_gpus(tiny):
     with pytest.raises(TrainplanError) as e:
         validate(Job(model=tiny, gpus=4, strategy="ddp", expert_parallel=3))
     assert "divide" in e.value.what
+
+
+def test_qlora_quantizes_the_3d_experts_and_runs_them_in_the_compute_dtype(tiny):
+    """QLoRA quantises every expert as it quantises every Linear (bitsandbytes did each expert's
+    Linear under transformers 4): the experts' weights take nf4's bytes, not fp32's, and their
+    grouped GEMMs compute in bf16, the compute dtype, instead of fp32 under AMP."""
+    lora = Lora(rank=4, targets="q_proj,v_proj")
+    full = _trace(tiny, "bf16-amp", lora=lora)
+    q = _trace(tiny, "bf16-amp", lora=lora, quantize="nf4")
+    expert_params = L * E * (2 * I * H + H * I)
+    assert full.expert_param_bytes == 4 * expert_params
+    assert q.expert_param_bytes == expert_params // 2     # 4-bit codes (the absmax: buffers)
+    dtypes = {r.dtype for r in q.ops if r.name == "_grouped_mm"}
+    assert dtypes == {"bfloat16"}
+    assert _grouped(q) == pytest.approx(_grouped(full))          # same routed FLOPs

@@ -40,7 +40,7 @@ class Accelerator:
     fp32_flops: FP32 (non-tensor) peak per device. tf32_flops: dense TF32 tensor peak, 0 if none.
     fp16_tensor_flops: dense FP16 tensor peak with FP32 accumulate, 0 without FP16 tensor cores.
     bf16_flops: dense BF16 peak, 0 if unsupported. fp16_nontensor_flops: FP16 on CUDA cores
-        (P100: 18.7e12, S46). int8_ops: dense INT8 tensor peak (ops/s).
+        with fp16 accumulation (P100: 18.7e12, S46; catalog fact only, PyTorch does not run it). int8_ops: dense INT8 tensor peak (ops/s).
     tensor_cores: "+"-joined tensor precisions ("none", "fp16+int8", "fp16+bf16+tf32+int8", "mxu-bf16").
     supports_bf16 / flash_attention_2: kernel support (S06: both need sm80+).
     tdp_watts: board power per device. sustained_clock_fraction: share of boost clock held
@@ -86,8 +86,11 @@ class Accelerator:
 
         - "fp32": the FP32 rate (no TF32 implied).
         - "tf32": the TF32 tensor rate; on devices without TF32 (pre-Ampere, TPU) the FP32 rate.
-        - "fp16": the FP16 tensor rate; without FP16 tensor cores the non-tensor FP16 rate
-          (P100 18.7e12); 0.0 where FP16 is not supported at all (TPUs).
+        - "fp16": the FP16 tensor rate; without FP16 tensor cores the FP32 rate: PyTorch's half
+          GEMM (cublasGemmEx with CUBLAS_COMPUTE_32F, aten/src/ATen/cuda/CUDABlas.cpp) and cuDNN's
+          half convolutions (fp32 math type, "pseudo-half") accumulate in fp32, so they run on
+          the FP32 FMA units: a P100's 18.7e12 half2 rate (fp16 accumulate) is not reached.
+          0.0 on TPUs (no fp16).
         - "bf16": the BF16 rate; 0.0 on devices without BF16 (T4, V100, P100, TITAN RTX):
           emulation speed is not meaningful, callers report the incompatibility.
         Not derated by `sustained_clock_fraction`; the time model applies that.
@@ -100,7 +103,7 @@ class Accelerator:
         elif dtype == "tf32":
             rate = self.tf32_flops if self.tf32_flops else self.fp32_flops
         elif dtype == "fp16":
-            rate = self.fp16_tensor_flops or self.fp16_nontensor_flops
+            rate = self.fp16_tensor_flops or (0.0 if self.kind == "tpu" else self.fp32_flops)
         else:
             rate = self.fp32_flops
         if rate is None:

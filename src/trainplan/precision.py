@@ -11,7 +11,11 @@ fp32 master weights. One type, parsed once where a job is read (spec.py); everyt
 
 `fp32` follows PyTorch's defaults since 1.12: `torch.backends.cuda.matmul.allow_tf32 = False`,
 `torch.backends.cudnn.allow_tf32 = True` (PyTorch docs, "TensorFloat-32 (TF32) on Ampere (and
-later) devices"). `tf32` is `torch.set_float32_matmul_precision("high")`.
+later) devices"). `tf32` is `torch.set_float32_matmul_precision("high")` -- or "medium", which
+on CUDA also selects TF32 (bf16 passes are a oneDNN CPU path) -- and what NVIDIA's NGC PyTorch
+containers run fp32 jobs in: they set TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 (PyTorch PR #77114,
+2022), which turns fp32 matmuls into TF32 whatever the script says. A job measured in an NGC
+container at "fp32" is a `tf32` job here.
 
 One word, two meanings. accelerate's `mixed_precision: fp16` (and the seeds' `run:
 mixed_precision:`) means AMP: fp32 weights, fp16 autocast. trainplan's own `precision: fp16` means
@@ -86,7 +90,7 @@ FP32 = Precision("fp32", "float32", "fp32", None,
                  ("fp32", "float32", "no", "none", "full"))
 TF32 = Precision("tf32", "float32", "tf32", None,
                  "fp32 weights, TF32 tensor-core matmuls (float32_matmul_precision high)",
-                 ("tf32",))
+                 ("tf32", "fp32-tf32", "float32-high", "float32-medium"))
 FP16_AMP = Precision("fp16-amp", "float32", "fp16", "float16",
                      "fp16 mixed precision (AMP autocast, fp32 master weights, loss scaling)",
                      ("fp16-amp", "amp", "fp16-mixed", "16-mixed", "mixed-fp16"))

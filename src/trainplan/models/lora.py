@@ -204,6 +204,7 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets: str, dropout:
         p.requires_grad_(False)
     if quantize.on:
         quantize_linears(model, quantize, compute_dtype)
+        quantize_experts(model, quantize, compute_dtype)
     for name in names:
         m = model.get_submodule(name)
         if isinstance(m, nn.Embedding):
@@ -215,6 +216,32 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets: str, dropout:
             in_f, out_f = _linear_dims(m)
         _set(model, name, LoraLinear(m, in_f, out_f, rank, alpha, dropout, adapter_dtype))
     return names
+
+
+def quantize_experts(model: nn.Module, q: Quantization, compute_dtype: torch.dtype) -> int:
+    """Quantise MoE experts kept as 3-D parameters (transformers 5's `gate_up_proj` (E, 2I, H),
+    `down_proj` (E, H, I), trace/moe.py) as QLoRA quantises every expert's Linear: each becomes a
+    QuantizedWeight of E x rows, and the module reads the parameter's name as its dequantised
+    weight in the compute dtype, so the grouped GEMMs run in bf16/fp16 as bitsandbytes' do
+    (MatMul4Bit dequantises to `bnb_4bit_compute_dtype`). One difference stays: autograd keeps
+    that dequantised weight for the input gradient, where bitsandbytes dequantises again in
+    backward -- a layer's experts more in memory, until its backward (one layer at a time under
+    full checkpointing). Returns the number of parameters quantised."""
+    count = 0
+    for _, m in list(model.named_modules()):
+        cubes = {n: tuple(p.shape) for n, p in m.named_parameters(recurse=False) if p.dim() == 3}
+        if not cubes:
+            continue
+        props = {}
+        for n, shape in cubes.items():
+            del m._parameters[n]
+            m.add_module(f"{n}_q", QuantizedWeight(shape[0] * shape[1], shape[2], q,
+                                                   compute_dtype))
+            props[n] = property(lambda self, n=n, shape=shape:
+                                getattr(self, f"{n}_q").dequantize().view(shape))
+        m.__class__ = type(type(m).__name__, (type(m),), props)
+        count += len(cubes)
+    return count
 
 
 def quantize_linears(model: nn.Module, q: Quantization, compute_dtype: torch.dtype) -> int:

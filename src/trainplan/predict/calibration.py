@@ -21,6 +21,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
+from .timing import bundled_accuracy
+
 UNMEASURED_TERMS = ("communication", "data_wait")   # a one-device synthetic run has neither
 BUNDLED, EXPLICIT, MEASURED = "bundled", "explicit", "measured"
 
@@ -49,6 +51,11 @@ class Calibration:
         model = EXPLICIT if self.params is not None else BUNDLED
         words = ("the bundled time-model fit (data/efficiency.json)" if model == BUNDLED
                  else "explicit time-model parameters")
+        acc = bundled_accuracy() if model == BUNDLED else None
+        if acc:
+            words += (f", off by {acc['loso_median_abs_err']:.0%} (median) and "
+                      f"{acc['loso_p90_abs_err']:.0%} (p90) on published runs it was not "
+                      "fitted to")
         if f is None:
             return {"kind": model, "time_model": model, "measured": False,
                     "text": f"{words}; no measurements of {accel_id} (trainplan measure, then "

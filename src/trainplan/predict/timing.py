@@ -4,31 +4,34 @@ Every op of the trace is timed (forward, backward, recomputed forward, optimizer
 with size-dependent efficiency (op_times):
 
     t_compute = (flops + f_half) / (peak(dtype, tensor cores?) x clock x e_max)
-    t_memory  = (bytes x passes + b_half) / (bandwidth x bw_eff)
-    t_op      = max(t_compute, t_memory, host_op_s)
+    t_memory  = bytes x passes / (bandwidth x bw_eff)
+    t_op      = max(t_compute, t_memory) + kernel_s
+    t_phase   = (1 - host_overlap) x sum of max(t_op, host_op_s)
+                + host_overlap x max(sum of t_op, ops x host_op_s)   (forward, backward, optimizer)
 
 `peak` is the catalog's dense rate for the dtype the kernel computes in; without tensor cores for
-that dtype the CUDA-core rate (P100 fp16 = 18.7e12 non-tensor; T4 fp32 = 8.1e12; bf16 where
+that dtype the CUDA-core FP32 rate (T4 fp32 = 8.1e12; P100 fp16 = its fp32 9.3e12, since PyTorch's
+half GEMMs and cuDNN's half convolutions accumulate in fp32 -- Accelerator.peak_flops; bf16 where
 unsupported runs at the fp32 rate -- the memory layer reports it as unsupported). Depthwise
 convolutions have no tensor-core kernels: fp32 CUDA-core rate, their own efficiency. `clock` is
 `sustained_clock_fraction` (T4 0.566 under its 70 W cap, S38). fp32 jobs on Ampere+ run
-convolutions in TF32 (cuDNN's `allow_tf32` defaults to True), matmuls in fp32 (PyTorch >= 1.12).
-`e_max` of tensor-core matmuls is the measured best-shape ceiling of the device where S01 has it
-(A100 86.9%, H100 80.3%), else fitted; fused attention uses FlashAttention-2's published 50-73%
-of peak (midpoint). `f_half` / `b_half` are the sizes at which a kernel reaches half its
-ceiling (too few blocks to fill the SMs, ramp-up and tail). NCHW tensor-core convolutions pay
-cuDNN's NHWC transposes (`passes` > 1). `host_op_s` is what eager PyTorch spends on the CPU to
-issue one op (Python, dispatcher, launch); kernels run asynchronously, so an op costs the larger
-of the two. The fitted parameters come from `scripts/calibrate_time.py` (data/efficiency.json,
-with the fit's split and provenance; held-out errors in validation/results/time_validation.md).
+convolutions in TF32 (cuDNN's `allow_tf32` defaults to True), matmuls in fp32 (PyTorch >= 1.12;
+NGC containers set TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, which is `--precision tf32`).
+`e_max` of tensor-core matmuls is the device's measured matmul ceiling (matmul_ceiling), else
+the median measured one; tensor-core convolutions reach `conv_rel` of it, less with few channels
+per group; fused attention by GPU generation (attention_emax). `bw_eff` is the measured STREAM fraction
+of the spec bandwidth (0.86-0.92 on V100, A100, H100, RTX 4090; not fitted). `f_half` is the size
+at which a kernel reaches half its ceiling (too few blocks to fill the SMs, ramp-up and tail).
+NCHW tensor-core convolutions pay cuDNN's NHWC transposes (`passes` > 1). `host_op_s` is what
+eager PyTorch spends on the CPU to issue one op (Python, dispatcher, launch); kernels run
+asynchronously, so the host runs partly ahead (estimate_step_time). fp16 AMP adds
+GradScaler's unscale pass over the gradients. The fitted parameters come from
+`scripts/calibrate_time.py` (data/efficiency.json, with its provenance); errors on sources the fit
+never saw (leave-one-source-out and leave-one-GPU-out) in validation/results/time_validation.md.
 
-One optimizer step = grad_accum x micro-batch + optimizer + exposed communication + data wait.
-Collectives (ring algorithm, S02): an all-reduce moves 2(n-1)/n x payload per device, a
-reduce-scatter or an all-gather (n-1)/n x payload, at `interconnect_bytes_per_s` x an achievable
-fraction (~0.8 of the unidirectional spec on NVLink, S02: A100 234.9 GB/s of 300; lower on PCIe,
-S39); across nodes the node's NIC bandwidth. What each strategy can hide is in `_comm`. The input
-pipeline (`input_pipeline`) delivers workers x samples_per_s_per_worker and overlaps the step
-when it has workers.
+One optimizer step = grad_accum x micro-batch + optimizer + exposed communication (comm.py) +
+data wait. The input pipeline (`input_pipeline`) delivers workers x samples_per_s_per_worker and
+overlaps the step when it has workers.
 """
 from __future__ import annotations
 
@@ -41,21 +44,14 @@ import numpy as np
 
 from ..errors import TrainplanError
 from ..precision import Precision
-from ..strategy import DDP, DP, SINGLE
+from ..strategy import DP
+from .comm import DEVICES_PER_NODE, exposed_comm
 
 PHASES = ("forward", "backward", "optimizer")
 FORWARD, BACKWARD, OPTIMIZER = range(len(PHASES))     # OpTable.phase codes
 FAMILIES = ("matmul", "attention", "other")
 DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}          # others (int, bool, "") -> 3
 # aten ops that the counter records but that launch no kernel (queries, profiler markers)
-DDP_BUCKET_BYTES = 25 * 2**20      # torch DDP bucket_cap_mb default (25 MiB): last bucket is exposed
-# FSDP/ZeRO-3: the first unit's all-gather has no compute to hide behind. Modelled as one 200 MiB
-# unit (8 DDP buckets), the fitted value of the time model (scripts/calibrate_time.py); the
-# largest block's parameter bytes (trace.largest_block_param_bytes, in the meta) are the physical
-# quantity it stands for and replace it when the time model is refitted (issue 17).
-FIRST_GATHER_BYTES = 8 * DDP_BUCKET_BYTES
-NODE_NIC_BYTES_PER_S = 200e9       # per 8-GPU node across nodes: 1600 Gbit/s RoCE (S34 setup)
-DEVICES_PER_NODE = 8
 # XLA compiles the step graph on the host on the first steps of a session. Sourced range
 # (performance_notes.md section 3, S37): 100-110 s (Llama 3.1 8B, vLLM on v5e-8/v4-8), 8 min
 # (136K-node graph), up to 25-30 min for large graphs; recompiles on every new shape.
@@ -137,7 +133,16 @@ def summarize(trace) -> OpTable:
 def load_efficiency() -> dict:
     """Fitted parameters from data/efficiency.json (see its `provenance`)."""
     data = json.loads(resources.files("trainplan.data").joinpath("efficiency.json").read_text())
-    return dict(data["params"], matmul_ceiling=data.get("matmul_ceiling", {}))
+    return dict(data["params"], matmul_ceiling=data.get("matmul_ceiling", {}),
+                attn_generation=data.get("attn_generation", {}))
+
+
+@functools.lru_cache(maxsize=1)
+def bundled_accuracy() -> dict | None:
+    """The bundled fit's error on sources it never saw (efficiency.json `accuracy`, written by
+    scripts/validate_time.py): leave-one-source-out median and p90 absolute error."""
+    data = json.loads(resources.files("trainplan.data").joinpath("efficiency.json").read_text())
+    return data.get("accuracy")
 
 
 @dataclass
@@ -173,7 +178,7 @@ def _rates(accel, precision: Precision) -> tuple[np.ndarray, np.ndarray]:
         elif tpu:
             peak[1, conv], tensor[1, conv] = accel.bf16_flops or fp32, True
         else:
-            peak[1, conv] = accel.fp16_nontensor_flops or fp32
+            peak[1, conv] = fp32      # fp32 accumulation: the FP32 FMA rate (peak_flops)
         if accel.supports_bf16 and accel.bf16_flops:
             peak[2, conv], tensor[2, conv] = accel.bf16_flops, ("bf16" in tc) or tpu
         else:
@@ -205,10 +210,25 @@ def kernel_classes(table: OpTable) -> np.ndarray:
 def matmul_ceiling(accel, p: dict) -> float:
     """Best achievable fraction of the dense tensor peak for a matmul on this accelerator.
 
-    Measured maximum achievable matmul FLOP/s (S01, "MAMF", best shape) where the source has the
-    device (A100 SXM 86.9%, A100 PCIe 81.1%, H100 SXM 80.3%), else the fitted `tc_emax`.
+    Measured, not fitted, where a source has the device (efficiency.json `matmul_ceiling`, sources
+    in docs/kernel_ceilings_research.md): S01's maximum achievable matmul FLOP/s (best shape;
+    A100 SXM 86.9%, A100 PCIe 81.1%, H100 SXM 80.3%, H200 "the same"), else the best square
+    torch.mm of zzc0721/torch-performance-test-data @9d82827 (a lower bound: RTX 4090 and 3090 reach their fp32-accumulate spec, their
+    boost clocks running above the spec clock; V100 0.76, L40S 0.74, RTX A6000 0.79, H100 PCIe
+    0.66, L4 0.58). Other devices: `tc_emax`, the median measured ceiling. Tensor-core convolutions reach
+    `conv_rel` of it (cuDNN's implicit GEMM against cuBLAS, fitted).
     """
     return float(p.get("matmul_ceiling", {}).get(accel.id, p["tc_emax"]))
+
+
+def attention_emax(accel, p: dict) -> float:
+    """Fused attention's ceiling (fraction of the dense peak): `attn_emax` (fitted) times the
+    generation's measured ratio (efficiency.json `attn_generation`): FlashAttention-2, PyTorch's
+    flash SDPA kernel, reaches 50-73% of the A100's peak (Dao 2023, arXiv:2307.08691) but "only
+    35% utilization on H100" (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608): it does not
+    use Hopper's wgmma and TMA, so sm90 runs it at 0.35 / 0.615 of Ampere's fraction."""
+    return float(p["attn_emax"] * p.get("attn_generation", {}).get(
+        str(accel.compute_capability), 1.0))
 
 
 def op_times(table: OpTable, accel, precision: Precision, p: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -234,9 +254,23 @@ def op_times(table: OpTable, accel, precision: Precision, p: dict) -> tuple[np.n
     # own (low) efficiency -- direct convolution, per-channel reductions in the weight gradient
     pk = np.where(dw, (accel.fp32_flops or 0.0) * accel.sustained_clock_fraction,
                   peak[table.dtype, conv])
-    tc = tensor[table.dtype, conv] & ~dw
     attn = k == K_ATTN
-    e_max = np.where(tc, np.where(attn, p["attn_emax"], matmul_ceiling(accel, p)),
+    # fp32 fused attention (the memory-efficient kernel; flash has no fp32) ignores allow_tf32:
+    # on sm80+ it multiplies with CUTLASS's 3xTF32 (OpMultiplyAddFastF32, mem_eff_attention
+    # gemm_kernel_utils.h `DefaultGemmType<float>`), three TF32 MMAs per product, else SIMT FP32
+    fp32_attn = attn & (table.dtype == 0) & (accel.kind == "gpu")
+    if fp32_attn.any():
+        rate = max((accel.tf32_flops or 0.0) / 3.0, accel.fp32_flops or 0.0)
+        pk = np.where(fp32_attn, rate * accel.sustained_clock_fraction, pk)
+    tc = (tensor[table.dtype, conv] & ~dw) | (fp32_attn & bool(accel.tf32_flops))
+    # a tensor-core convolution is an implicit GEMM reducing over its input channels per group
+    # (x the kernel window): few channels (ResNeXt's 4 a group, RegNet's, a 3-channel stem)
+    # fill a fraction of a tile's depth, so it reaches gc / (gc + gconv_half) of the ceiling
+    gc = np.maximum(table.group_channels.astype(float), 1.0)
+    g_eff = np.where(k == K_CONV, gc / (gc + p.get("gconv_half", 0.0)), 1.0)
+    ceiling = (matmul_ceiling(accel, p) * g_eff
+               * np.where(k == K_CONV, p.get("conv_rel", 1.0), 1.0))
+    e_max = np.where(tc, np.where(attn, attention_emax(accel, p), ceiling),
                      np.where(dw, p["dwconv_emax"], p["cuda_emax"]))
     f_half = np.where(tc, np.where(attn, p["attn_fhalf"], p["tc_fhalf"]), p["cuda_fhalf"])
     f = table.flops
@@ -249,107 +283,6 @@ def op_times(table: OpTable, accel, precision: Precision, p: dict) -> tuple[np.n
     bw = accel.memory_bandwidth_bytes_per_s * bw_eff
     t_m = table.bytes * passes / bw
     return np.maximum(t_c, t_m) + p.get("kernel_s", 0.0), t_c >= t_m
-
-
-def link_fraction(accel) -> float:
-    """Achievable share of the link's per-direction spec for NCCL collectives (S02, S39)."""
-    ic = accel.interconnect.lower()
-    if ic.startswith("nvlink") or ic == "ici":
-        return 0.8          # S02: NCCL busbw 78% (A100 NVLink3), 82% (H200); ICI assumed alike
-    return 0.5              # PCIe ring without NVLink: poor utilisation (S39); assumed, not measured
-
-
-def collective_s(kind: str, payload_bytes: float, n: int, accel) -> float:
-    """Ring collective time: all-reduce 2(n-1)/n x payload, reduce-scatter/all-gather (n-1)/n (S02).
-
-    Across nodes (n > 8 GPUs) NCCL runs one ring per NIC (channel); each ring enters and leaves a
-    node once, so a NIC carries 1/8 of the ring traffic while NVLink carries all of it: the
-    node's aggregate NIC bandwidth stands in for the per-GPU link, t = factor x payload /
-    min(link, node NIC). With 1600 Gbit/s per node (S34) that is 200 GB/s, below NVLink 3.
-    """
-    if n <= 1 or payload_bytes <= 0:
-        return 0.0
-    bw = accel.interconnect_bytes_per_s or 0.0
-    if accel.kind == "gpu" and n > DEVICES_PER_NODE:
-        bw = min(bw, NODE_NIC_BYTES_PER_S)
-    if bw <= 0:
-        raise TrainplanError(f"No interconnect bandwidth for {accel.id!r}.",
-                             fix="add interconnect_bytes_per_s to data/accelerators.csv")
-    factor = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0,
-              "all_to_all": 1.0}[kind] * (n - 1) / n
-    return factor * payload_bytes / (bw * link_fraction(accel))
-
-
-def _comm(job, accel, meta, n, t_fwd, t_bwd, t_step_compute) -> tuple[float, float, list]:
-    """(exposed communication s, extra host overhead s, notes) for one optimizer step.
-
-    `t_fwd`, `t_bwd`: device time of one micro-batch's forward and backward, the windows a
-    strategy can hide its collectives in.
-      DDP        all-reduce of the gradients once per step (no_sync on the other micro-batches),
-                 bucketed and overlapped with the last backward; the last bucket is exposed.
-      ZeRO-1/2   reduce-scatter of the gradients overlapped with backward (ZeRO-2: every
-                 micro-batch, to keep only its shard; ZeRO-1: once), then an all-gather of the
-                 updated parameters after the optimizer step, exposed.
-      FSDP/ZeRO-3 per micro-batch: all-gather the parameters for forward and again for
-                 backward, reduce-scatter the gradients; prefetched one unit ahead, so only what
-                 exceeds the compute window (plus the first unit's gather) is exposed.
-      DP         torch.nn.DataParallel: per micro-batch, broadcast the weights from GPU 0,
-                 scatter inputs, gather outputs, reduce gradients to GPU 0; nothing overlaps.
-    Expert parallelism adds its all-to-alls (`_all_to_all_s`) on top, exposed.
-    """
-    strat, notes = job.strategy, []
-    if n <= 1 or strat is SINGLE:
-        return 0.0, 0.0, notes
-    a2a = _all_to_all_s(job, accel, meta)
-    if a2a:
-        notes.append(f"expert parallelism over {job.expert_parallel} GPUs: 4 all-to-alls of the "
-                     "routed tokens per MoE layer and micro-batch, not overlapped")
-    exposed, host, more = _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd)
-    return exposed + a2a * max(1, int(job.grad_accum)), host, notes + more
-
-
-def _all_to_all_s(job, accel, meta) -> float:
-    """Expert parallelism: every MoE layer sends each routed (token, expert) pair's hidden state to
-    the expert's rank and back (dispatch, combine), in forward and again in backward: 4 x T k h
-    elements per layer and micro-batch, of which (ep - 1) / ep leave the rank (DeepSpeed
-    sharded_moe.py `_AllToAll`, Megatron `MoEAlltoAllTokenDispatcher`)."""
-    ep = job.expert_parallel
-    elements = meta.get("moe_dispatch_elements", 0)
-    if ep <= 1 or not elements:
-        return 0.0
-    return 4 * collective_s("all_to_all", elements * job.precision.compute_bytes, ep, accel)
-
-
-def _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float, list]:
-    """The data-parallel strategy's collectives (see `_comm`)."""
-    strat, notes = job.strategy, []
-    k = max(1, int(job.grad_accum))
-    grads = meta["gradient_bytes"]
-    b = job.precision.compute_bytes
-    p_compute = meta["params_total"] * b
-    g_compute = meta.get("params_trainable", meta["params_total"]) * b
-    if strat is DP:
-        per_mb = (collective_s("all_gather", meta["weight_bytes"] * n / (n - 1), n, accel)
-                  + collective_s("reduce_scatter", grads * n / (n - 1), n, accel))
-        notes.append("DataParallel: one process, GIL-bound threads launch every device's kernels")
-        return per_mb * k, 0.0, notes
-    if strat is DDP or accel.kind == "tpu" and not strat.shards_weights:
-        total = collective_s("all_reduce", grads, n, accel)
-        last = collective_s("all_reduce", min(grads, DDP_BUCKET_BYTES), n, accel)
-        return last + max(0.0, total - last - t_bwd), 0.0, notes
-    if strat.shards_optimizer and not strat.shards_weights:
-        total = collective_s("reduce_scatter", grads, n, accel)
-        last = collective_s("reduce_scatter", min(grads, DDP_BUCKET_BYTES), n, accel)
-        rs = (last + max(0.0, total - last - t_bwd)) * (k if strat.shards_gradients else 1)
-        ag = collective_s("all_gather", p_compute, n, accel)
-        notes.append(f"ZeRO-{strat.order}: gradients reduce-scattered during backward, updated "
-                     "parameters all-gathered after the optimizer step")
-        return rs + ag, 0.0, notes
-    ag = collective_s("all_gather", p_compute, n, accel)
-    rs = collective_s("reduce_scatter", g_compute, n, accel)
-    first = collective_s("all_gather", min(p_compute, FIRST_GATHER_BYTES), n, accel)
-    per_mb = first + max(0.0, ag - t_fwd) + max(0.0, ag + rs - t_bwd)
-    return per_mb * k, 0.0, notes
 
 
 @dataclass
@@ -404,8 +337,14 @@ def estimate_step_time(trace, accel, job, calibration: dict | None = None,
     """Seconds per optimizer step of `job` on `accel` (per device trace, `job.gpus` units).
 
     Per op the device time (op_times) and the host time to issue it (`host_op_s`: Python,
-    dispatcher and launch in eager PyTorch) overlap, since kernels run asynchronously: an op costs
-    max(device, host). `cpu_cores` (the platform's) caps DataLoader workers.
+    dispatcher and launch in eager PyTorch) overlap, since kernels run asynchronously. If the
+    host could always queue ops ahead of the device, a phase (forward, backward, optimizer) would
+    take max(sum of device times, ops x host_op_s); if it never could (a synchronisation after
+    every op), the sum over ops of max(device, host). Real eager steps sit between: the queue
+    drains at every synchronisation (mask checks, `.item()`, data-dependent shapes) and behind
+    every run of small ops. `host_overlap` (fitted, 0..1) is the share of the way from the
+    second to the first.
+    `cpu_cores` (the platform's) caps DataLoader workers.
     """
     p = calibration or load_efficiency()
     table = summarize(trace)
@@ -413,23 +352,28 @@ def estimate_step_time(trace, accel, job, calibration: dict | None = None,
     n = max(1, int(job.gpus)) * max(1, int(accel.devices_per_unit))
     t_dev, cbound = op_times(table, accel, job.precision, p)
     host = p["host_op_s"] * (n if job.strategy is DP and n > 1 else 1)   # DP: one GIL, n devices
-    t = np.maximum(t_dev, host)
     cnt = table.count
     ph = table.phase
+    td = t_dev * cnt
     mb = ph != OPTIMIZER                 # forward and backward run once per micro-batch
-    tc = t * cnt
-    t_fwd = float(np.sum(tc[ph == FORWARD]))
-    t_bwd = float(np.sum(tc[ph == BACKWARD]))
-    host_bound = t_dev < host
-    compute_mb = float(np.sum(tc[mb & cbound & ~host_bound]))
-    memory_mb = float(np.sum(tc[mb & ~cbound & ~host_bound]))
-    host_mb = float(np.sum(tc[mb & host_bound]))
-    opt = float(np.sum(tc[ph == OPTIMIZER]))
+    compute_mb = float(np.sum(td[mb & cbound]))
+    memory_mb = float(np.sum(td[mb & ~cbound]))
+    # phase time: between op by op max(device, host) and max(device sum, host sum); docstring
+    dev = [float(np.sum(td[ph == k])) for k in range(len(PHASES))]
+    hst = [host * float(np.sum(cnt[ph == k])) for k in range(len(PHASES))]
+    serial = [float(np.sum((np.maximum(t_dev, host) * cnt)[ph == k])) for k in range(len(PHASES))]
+    rho = p.get("host_overlap", 0.0)
+    t_fwd, t_bwd, opt = ((1 - rho) * s_ + rho * max(d, h) for s_, d, h in zip(serial, dev, hst))
+    host_mb = (t_fwd - dev[FORWARD]) + (t_bwd - dev[BACKWARD])
+    if job.precision.loss_scaling:
+        # GradScaler.unscale_: one foreach pass reads and writes every gradient
+        # (_amp_foreach_non_finite_check_and_unscale_), bandwidth-bound
+        opt += 2 * meta["gradient_bytes"] / (accel.memory_bandwidth_bytes_per_s * p["bw_eff"])
     if job.strategy.shards_optimizer and n > 1:
         opt /= n                                            # each rank updates its shard
     k = max(1, int(job.grad_accum))
     device_s = k * (compute_mb + memory_mb + host_mb)
-    comm, extra, notes = _comm(job, accel, meta, n, t_fwd, t_bwd, device_s)
+    comm, extra, notes = exposed_comm(job, accel, meta, n, t_fwd, t_bwd)
     step = device_s + opt + comm + extra
     data_wait = 0.0
     pipe = input_pipeline(job, n, accel, cpu_cores)

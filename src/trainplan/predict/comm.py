@@ -1,0 +1,122 @@
+"""Communication of one optimizer step: what each strategy sends between devices, and what of it
+the step's compute cannot hide.
+
+Collectives (ring algorithm, S02): an all-reduce moves 2(n-1)/n x payload per device, a
+reduce-scatter or an all-gather (n-1)/n x payload, at `interconnect_bytes_per_s` x an achievable
+fraction (~0.8 of the unidirectional spec on NVLink, S02: A100 234.9 GB/s of 300; lower on PCIe,
+S39); across nodes the node's NIC bandwidth. What each strategy can hide is in `exposed_comm`.
+"""
+from __future__ import annotations
+
+from ..errors import TrainplanError
+from ..strategy import DDP, DP, SINGLE
+
+DDP_BUCKET_BYTES = 25 * 2**20      # torch DDP bucket_cap_mb default (25 MiB): last bucket is exposed
+NODE_NIC_BYTES_PER_S = 200e9       # per 8-GPU node across nodes: 1600 Gbit/s RoCE (S34 setup)
+DEVICES_PER_NODE = 8
+
+
+def link_fraction(accel) -> float:
+    """Achievable share of the link's per-direction spec for NCCL collectives (S02, S39)."""
+    ic = accel.interconnect.lower()
+    if ic.startswith("nvlink") or ic == "ici":
+        return 0.8          # S02: NCCL busbw 78% (A100 NVLink3), 82% (H200); ICI assumed alike
+    return 0.5              # PCIe ring without NVLink: poor utilisation (S39); assumed, not measured
+
+
+def collective_s(kind: str, payload_bytes: float, n: int, accel) -> float:
+    """Ring collective time: all-reduce 2(n-1)/n x payload, reduce-scatter/all-gather (n-1)/n (S02).
+
+    Across nodes (n > 8 GPUs) NCCL runs one ring per NIC (channel); each ring enters and leaves a
+    node once, so a NIC carries 1/8 of the ring traffic while NVLink carries all of it: the
+    node's aggregate NIC bandwidth stands in for the per-GPU link, t = factor x payload /
+    min(link, node NIC). With 1600 Gbit/s per node (S34) that is 200 GB/s, below NVLink 3.
+    """
+    if n <= 1 or payload_bytes <= 0:
+        return 0.0
+    bw = accel.interconnect_bytes_per_s or 0.0
+    if accel.kind == "gpu" and n > DEVICES_PER_NODE:
+        bw = min(bw, NODE_NIC_BYTES_PER_S)
+    if bw <= 0:
+        raise TrainplanError(f"No interconnect bandwidth for {accel.id!r}.",
+                             fix="add interconnect_bytes_per_s to data/accelerators.csv")
+    factor = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0,
+              "all_to_all": 1.0}[kind] * (n - 1) / n
+    return factor * payload_bytes / (bw * link_fraction(accel))
+
+
+def exposed_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float, list]:
+    """(exposed communication s, extra host overhead s, notes) for one optimizer step on n devices.
+
+    `t_fwd`, `t_bwd`: device time of one micro-batch's forward and backward, the windows a
+    strategy can hide its collectives in.
+      DDP        all-reduce of the gradients once per step (no_sync on the other micro-batches),
+                 bucketed and overlapped with the last backward; the last bucket is exposed.
+      ZeRO-1/2   reduce-scatter of the gradients overlapped with backward (ZeRO-2: every
+                 micro-batch, to keep only its shard; ZeRO-1: once), then an all-gather of the
+                 updated parameters after the optimizer step, exposed.
+      FSDP/ZeRO-3 per micro-batch: all-gather the parameters for forward and again for
+                 backward, reduce-scatter the gradients; prefetched one unit ahead, so only what
+                 exceeds the compute window (plus the first unit's gather) is exposed.
+      DP         torch.nn.DataParallel: per micro-batch, broadcast the weights from GPU 0,
+                 scatter inputs, gather outputs, reduce gradients to GPU 0; nothing overlaps.
+    Expert parallelism adds its all-to-alls (`_all_to_all_s`) on top, exposed.
+    """
+    strat, notes = job.strategy, []
+    if n <= 1 or strat is SINGLE:
+        return 0.0, 0.0, notes
+    a2a = _all_to_all_s(job, accel, meta)
+    if a2a:
+        notes.append(f"expert parallelism over {job.expert_parallel} GPUs: 4 all-to-alls of the "
+                     "routed tokens per MoE layer and micro-batch, not overlapped")
+    exposed, host, more = _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd)
+    return exposed + a2a * max(1, int(job.grad_accum)), host, notes + more
+
+
+def _all_to_all_s(job, accel, meta) -> float:
+    """Expert parallelism: every MoE layer sends each routed (token, expert) pair's hidden state to
+    the expert's rank and back (dispatch, combine), in forward and again in backward: 4 x T k h
+    elements per layer and micro-batch, of which (ep - 1) / ep leave the rank (DeepSpeed
+    sharded_moe.py `_AllToAll`, Megatron `MoEAlltoAllTokenDispatcher`)."""
+    ep = job.expert_parallel
+    elements = meta.get("moe_dispatch_elements", 0)
+    if ep <= 1 or not elements:
+        return 0.0
+    return 4 * collective_s("all_to_all", elements * job.precision.compute_bytes, ep, accel)
+
+
+def _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float, list]:
+    """The data-parallel strategy's collectives (see `_comm`)."""
+    strat, notes = job.strategy, []
+    k = max(1, int(job.grad_accum))
+    grads = meta["gradient_bytes"]
+    b = job.precision.compute_bytes
+    p_compute = meta["params_total"] * b
+    g_compute = meta.get("params_trainable", meta["params_total"]) * b
+    if strat is DP:
+        per_mb = (collective_s("all_gather", meta["weight_bytes"] * n / (n - 1), n, accel)
+                  + collective_s("reduce_scatter", grads * n / (n - 1), n, accel))
+        notes.append("DataParallel: one process, GIL-bound threads launch every device's kernels")
+        return per_mb * k, 0.0, notes
+    if strat is DDP or accel.kind == "tpu" and not strat.shards_weights:
+        total = collective_s("all_reduce", grads, n, accel)
+        last = collective_s("all_reduce", min(grads, DDP_BUCKET_BYTES), n, accel)
+        return last + max(0.0, total - last - t_bwd), 0.0, notes
+    if strat.shards_optimizer and not strat.shards_weights:
+        total = collective_s("reduce_scatter", grads, n, accel)
+        last = collective_s("reduce_scatter", min(grads, DDP_BUCKET_BYTES), n, accel)
+        rs = (last + max(0.0, total - last - t_bwd)) * (k if strat.shards_gradients else 1)
+        ag = collective_s("all_gather", p_compute, n, accel)
+        notes.append(f"ZeRO-{strat.order}: gradients reduce-scattered during backward, updated "
+                     "parameters all-gathered after the optimizer step")
+        return rs + ag, 0.0, notes
+    ag = collective_s("all_gather", p_compute, n, accel)
+    rs = collective_s("reduce_scatter", g_compute, n, accel)
+    # the first unit's all-gather has no compute to hide behind: the largest wrapped block's
+    # parameters, in the compute dtype (trace.largest_block_param_bytes is in the stored one)
+    unit = meta.get("largest_block_param_bytes", 0.0) * p_compute / max(meta["weight_bytes"], 1.0)
+    first = collective_s("all_gather", min(p_compute, unit or p_compute), n, accel)
+    # ... nor the last unit's gradient reduce-scatter (the first block, last in backward)
+    last = collective_s("reduce_scatter", min(g_compute, unit or g_compute), n, accel)
+    per_mb = first + last + max(0.0, ag - t_fwd) + max(0.0, ag + rs - t_bwd)
+    return per_mb * k, 0.0, notes
