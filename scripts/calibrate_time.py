@@ -1,17 +1,18 @@
-"""Fit the step-time model's efficiency parameters on the TRAINING rows; write data/efficiency.json.
+"""Fit the step-time model's efficiency parameters on every source; write data/efficiency.json.
 
-Rows (validation/data/, see validation/PROVENANCE.md). The split is by model family and by GPU:
-  timm    RTX 3090, AMP fp16, SGD-momentum, NCHW + NHWC (torch 1.12 files), every 9th model name.
-          TRAIN: convnets whose name hashes to fold 1-2 (crc32 % 3). TEST: fold-0 convnets and
-          every transformer/MLP model (vit, deit, swin, xcit, ...).
-  dle     NVIDIA DeepLearningExamples on V100 (1-8 GPUs, DDP). TRAIN: BERT-large pretraining and
-          SQuAD, ResNet-50. TEST: ResNeXt101-32x4d, SE-ResNeXt101-32x4d, EfficientNet-B0/B4.
-  llm     llm-foundry MPT 125M-70B (FSDP, 8-512 GPUs). TRAIN: A100-40GB rows (the only training
-          rows that run fused attention). TEST: A100-80GB and H100 rows; torchtitan Llama-3-8B
-          (A100-80GB, 64 GPUs).
-  h100    our `trainplan measure` runs on one H100 SXM (torch 2.11): TEST.
-Not fitted: tensor-core matmul ceilings of A100/H100 (S01, measured), and the host time per op
-(`host_op_s`, measured: batch-1 runs of validation/data/h100_host_overhead.jsonl).
+Rows (validation/data/, see validation/PROVENANCE.md), one `source` per publisher:
+  timm               RTX 3090, AMP fp16, SGD-momentum, NCHW + NHWC (torch 1.12), every 9th model.
+  dle                NVIDIA DeepLearningExamples on V100 (1-8 GPUs, DDP): BERT-large, ResNet-50,
+                     ResNeXt101, SE-ResNeXt101, EfficientNet-B0/B4.
+  llm-foundry        MPT 125M-70B (FSDP, 8-512 GPUs; A100-40GB/80GB, H100).
+  torchtitan         Llama-3-8B (64 A100-80GB), Llama 2 13B/70B and Llama 3 70B (docs/performance.md).
+  fms-fsdp, fms-acceleration-a100, hf-docs, nemo-automodel-lora, peft-metamathqa-l40s:
+                     published_throughput_extra.csv (the last two are weak: reported, not fitted).
+  trainplan-measure  our `trainplan measure` runs on one H100 SXM (torch 2.11).
+The accuracy claim is not this fit's: scripts/validate_time.py refits with each source (and each
+GPU) left out. Not fitted, measured: matmul ceilings per GPU, the STREAM bandwidth fraction,
+FlashAttention-2's utilisation by GPU generation (sources in docs/kernel_ceilings_research.md) and
+the host time per op (`host_op_s`: batch-1 runs of validation/data/h100_host_overhead.jsonl).
 Traces are cached (op tables only) in validation/.cache/traces.json.
 
     PYTHONPATH=src python scripts/calibrate_time.py [--refresh]
