@@ -135,7 +135,8 @@ def resolve_architecture(name: str, model_type: str):
     cls = _family_class(name, model_type, name in AUTO_MAPPINGS)
     if cls is not None:
         return cls, None
-    if name in AUTO_MAPPINGS or hasattr(__import__("transformers"), name):
+    import transformers
+    if name in AUTO_MAPPINGS or hasattr(transformers, name):
         return _auto_class(name), None
     tasks = next((t for suffix, t in HEAD_TASKS if name.endswith(suffix)),
                  ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModelForMaskedLM",

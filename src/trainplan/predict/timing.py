@@ -19,9 +19,10 @@ convolutions in TF32 (cuDNN's `allow_tf32` defaults to True), matmuls in fp32 (P
 NGC containers set TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, which is `--precision tf32`).
 `e_max` of tensor-core matmuls is the device's measured matmul ceiling (matmul_ceiling), else
 the median measured one; tensor-core convolutions reach `conv_rel` of it, less with few channels
-per group; fused attention by GPU generation (attention_emax). `bw_eff` is the measured STREAM fraction
-of the spec bandwidth (0.86-0.92 on V100, A100, H100, RTX 4090; not fitted). `f_half` is the size
-at which a kernel reaches half its ceiling (too few blocks to fill the SMs, ramp-up and tail).
+per group; fused attention by GPU generation (attention_emax). `bw_eff` is the measured STREAM
+fraction of the spec bandwidth (0.86-0.92 on V100, A100, H100, RTX 4090; not fitted). `f_half`
+is the size at which a kernel reaches half its ceiling (too few blocks to fill the SMs, ramp-up
+and tail).
 NCHW tensor-core convolutions pay cuDNN's NHWC transposes (`passes` > 1). `host_op_s` is what
 eager PyTorch spends on the CPU to issue one op (Python, dispatcher, launch); kernels run
 asynchronously, so the host runs partly ahead (estimate_step_time). fp16 AMP adds
@@ -130,19 +131,22 @@ def summarize(trace) -> OpTable:
 
 
 @functools.lru_cache(maxsize=1)
+def _efficiency_file() -> dict:
+    return json.loads(resources.files("trainplan.data").joinpath("efficiency.json").read_text())
+
+
+@functools.lru_cache(maxsize=1)
 def load_efficiency() -> dict:
     """Fitted parameters from data/efficiency.json (see its `provenance`)."""
-    data = json.loads(resources.files("trainplan.data").joinpath("efficiency.json").read_text())
+    data = _efficiency_file()
     return dict(data["params"], matmul_ceiling=data.get("matmul_ceiling", {}),
                 attn_generation=data.get("attn_generation", {}))
 
 
-@functools.lru_cache(maxsize=1)
 def bundled_accuracy() -> dict | None:
     """The bundled fit's error on sources it never saw (efficiency.json `accuracy`, written by
     scripts/validate_time.py): leave-one-source-out median and p90 absolute error."""
-    data = json.loads(resources.files("trainplan.data").joinpath("efficiency.json").read_text())
-    return data.get("accuracy")
+    return _efficiency_file().get("accuracy")
 
 
 @dataclass
@@ -213,10 +217,11 @@ def matmul_ceiling(accel, p: dict) -> float:
     Measured, not fitted, where a source has the device (efficiency.json `matmul_ceiling`, sources
     in docs/kernel_ceilings_research.md): S01's maximum achievable matmul FLOP/s (best shape;
     A100 SXM 86.9%, A100 PCIe 81.1%, H100 SXM 80.3%, H200 "the same"), else the best square
-    torch.mm of zzc0721/torch-performance-test-data @9d82827 (a lower bound: RTX 4090 and 3090 reach their fp32-accumulate spec, their
-    boost clocks running above the spec clock; V100 0.76, L40S 0.74, RTX A6000 0.79, H100 PCIe
-    0.66, L4 0.58). Other devices: `tc_emax`, the median measured ceiling. Tensor-core convolutions reach
-    `conv_rel` of it (cuDNN's implicit GEMM against cuBLAS, fitted).
+    torch.mm of zzc0721/torch-performance-test-data @9d82827 (a lower bound: RTX 4090 and 3090
+    reach their fp32-accumulate spec, their boost clocks running above the spec clock; V100
+    0.76, L40S 0.74, RTX A6000 0.79, H100 PCIe 0.66, L4 0.58). Other devices: `tc_emax`, the
+    median measured ceiling. Tensor-core convolutions reach `conv_rel` of it (cuDNN's implicit
+    GEMM against cuBLAS, fitted).
     """
     return float(p.get("matmul_ceiling", {}).get(accel.id, p["tc_emax"]))
 
@@ -267,9 +272,8 @@ def op_times(table: OpTable, accel, precision: Precision, p: dict) -> tuple[np.n
     # (x the kernel window): few channels (ResNeXt's 4 a group, RegNet's, a 3-channel stem)
     # fill a fraction of a tile's depth, so it reaches gc / (gc + gconv_half) of the ceiling
     gc = np.maximum(table.group_channels.astype(float), 1.0)
-    g_eff = np.where(k == K_CONV, gc / (gc + p.get("gconv_half", 0.0)), 1.0)
-    ceiling = (matmul_ceiling(accel, p) * g_eff
-               * np.where(k == K_CONV, p.get("conv_rel", 1.0), 1.0))
+    conv_eff = p.get("conv_rel", 1.0) * gc / (gc + p.get("gconv_half", 0.0))
+    ceiling = matmul_ceiling(accel, p) * np.where(k == K_CONV, conv_eff, 1.0)
     e_max = np.where(tc, np.where(attn, attention_emax(accel, p), ceiling),
                      np.where(dw, p["dwconv_emax"], p["cuda_emax"]))
     f_half = np.where(tc, np.where(attn, p["attn_fhalf"], p["tc_fhalf"]), p["cuda_fhalf"])
@@ -361,7 +365,8 @@ def estimate_step_time(trace, accel, job, calibration: dict | None = None,
     # phase time: between op by op max(device, host) and max(device sum, host sum); docstring
     dev = [float(np.sum(td[ph == k])) for k in range(len(PHASES))]
     hst = [host * float(np.sum(cnt[ph == k])) for k in range(len(PHASES))]
-    serial = [float(np.sum((np.maximum(t_dev, host) * cnt)[ph == k])) for k in range(len(PHASES))]
+    ts = np.maximum(t_dev, host) * cnt
+    serial = [float(np.sum(ts[ph == k])) for k in range(len(PHASES))]
     rho = p.get("host_overlap", 0.0)
     t_fwd, t_bwd, opt = ((1 - rho) * s_ + rho * max(d, h) for s_, d, h in zip(serial, dev, hst))
     host_mb = (t_fwd - dev[FORWARD]) + (t_bwd - dev[BACKWARD])
