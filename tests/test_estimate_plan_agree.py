@@ -41,15 +41,15 @@ def real_traces():
     one, many = traces_mod.trace_step, traces_mod.trace_all
     memo: dict[tuple, Trace] = {}
 
-    def key(job, sem, batch):
-        return repr(job), sem.key(), batch or job.batch_size
+    def key(job, sem, batch, depth=None):
+        return repr(job), sem.key(), batch or job.batch_size, depth
 
-    def trace_step(job, sem, batch_size=None, *args, **kw):
+    def trace_step(job, sem, batch_size=None, *args, depth=None, **kw):
         if args or kw:
-            return one(job, sem, batch_size, *args, **kw)
-        k = key(job, sem, batch_size)
+            return one(job, sem, batch_size, *args, depth=depth, **kw)
+        k = key(job, sem, batch_size, depth)
         if k not in memo:
-            memo[k] = one(job, sem, batch_size)
+            memo[k] = one(job, sem, batch_size, depth=depth)
         return memo[k]
 
     def trace_all(requests):

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from plan_examples import TINY
+from plan_examples import TINY, run_cli
 from trainplan.cli.main import main
 
 
@@ -15,10 +15,7 @@ def job(tmp_path):
     return str(path)
 
 
-def run(capsys, *argv):
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
+run = run_cli
 
 
 def test_json_plan_has_the_contract_keys(capsys, job):

@@ -130,3 +130,61 @@ def fmt_tick(x: float) -> str:
     if abs(x - round(x)) < 1e-9:
         return f"{int(round(x)):,}"
     return f"{x:,.6f}".rstrip("0").rstrip(".")
+
+
+# --- labels for keys that carry their unit (`session_overhead_s`, `checkpoint_bytes`) ----------
+
+KEY_LABELS = {"checkpoint_every_max_s": "longest time between checkpoints",
+              "value_of_time_usd_per_h": "value of waiting time"}
+UNIT_SUFFIXES = ("_usd_per_h", "_per_s", "_bytes", "_usd", "_s")
+
+
+def key_label(key: str) -> str:
+    """A field name as a person reads it, its unit suffix gone (the value's format carries the
+    unit): 'session_overhead_s' -> 'session overhead'."""
+    if key in KEY_LABELS:
+        return KEY_LABELS[key]
+    for suffix in UNIT_SUFFIXES:
+        if key.endswith(suffix) and len(key) > len(suffix):
+            key = key[: -len(suffix)]
+            break
+    return key.replace("_", " ")
+
+
+def fmt_none(x, none: str = "-") -> str:
+    """A value that may be missing, as text: None -> '-' (never the word None)."""
+    return none if x is None else str(x)
+
+
+def _plain_value(v) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if v is None:
+        return "-"
+    if isinstance(v, dict):
+        return ", ".join((k.replace("_", " ") if x is True else f"no {k.replace('_', ' ')}"
+                          if x is False else f"{k.replace('_', ' ')} {_plain_value(x)}")
+                         for k, x in v.items()) or "-"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_plain_value(x) for x in v) or "-"
+    if isinstance(v, int) and abs(v) >= 10000:
+        return fmt_int(v)
+    return str(v)
+
+
+def fmt_note(text: str) -> str:
+    """A note written by another module, as a person reads it: `key={...}` dict reprs and
+    `key=True` settings become `key: a, b` / `key: yes` (the values themselves are kept)."""
+    import ast
+    import re
+
+    def setting(m: re.Match) -> str:
+        try:
+            v = ast.literal_eval(m.group(2))
+        except (ValueError, SyntaxError):
+            return m.group(0)
+        name = m.group(1).replace("_", " ")
+        return f"{name} ({_plain_value(v)})" if isinstance(v, dict) else f"{name}: {_plain_value(v)}"
+    text = re.sub(r"\b(\w+)=(\{[^{}]*\}|\[[^\[\]]*\]|True|False|None|-?\d+(?:\.\d+)?|'[^']*')",
+                  setting, text)
+    return text

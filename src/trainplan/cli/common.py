@@ -8,6 +8,7 @@ import argparse
 from dataclasses import replace
 
 from ..errors import TrainplanError
+from ..models.hub import set_allow_download
 from ..strategy import SINGLE
 from ..spec import (ATTENTIONS, CHECKPOINT_IMPLS, CHECKPOINTING, OFFLOADS, OPTIMIZERS, PRECISIONS,
                     QUANTIZE, STRATEGIES, TASKS, Job, Lora, load_job, validate)
@@ -46,6 +47,10 @@ def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) ->
                         "(default: dropless, uniform routing)")
     g.add_argument("--channels-last", action="store_true", default=None)
     g.add_argument("--task", choices=TASKS)
+    g.add_argument("--allow-download", action="store_true",
+                   help="hf:<hub id> that trainplan does not bundle: download only its "
+                        "config.json from the Hugging Face Hub (also TRAINPLAN_ALLOW_DOWNLOAD=1; "
+                        "honours HF_TOKEN, HF_ENDPOINT, HF_HUB_OFFLINE)")
 
 
 _MAP = {"gpu": "gpu", "gpus": "gpus", "strategy": "strategy", "offload": "offload",
@@ -58,6 +63,7 @@ _MAP = {"gpu": "gpu", "gpus": "gpus", "strategy": "strategy", "offload": "offloa
 
 
 def job_from_args(args: argparse.Namespace, job_file: str | None = None) -> Job:
+    set_allow_download(getattr(args, "allow_download", False))
     path = job_file or getattr(args, "job_file", None)
     job = load_job(path) if path else Job()
     kw = {}

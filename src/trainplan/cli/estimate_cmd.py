@@ -1,4 +1,8 @@
-"""`trainplan estimate`: memory per device, fit, largest micro-batch, step time, findings."""
+"""`trainplan estimate`: memory per device, fit, largest micro-batch, step time, findings.
+
+Exit status: 0 with the estimate printed, fit or not; with --check, 1 when the job does not fit
+the accelerator (--gpu) as written; 2 for bad input.
+"""
 from __future__ import annotations
 
 import argparse
@@ -13,10 +17,16 @@ from .common import add_job_flags, job_from_args
 
 def estimate_command_parser(sub) -> None:
     p = sub.add_parser("estimate", help="memory, fit, max batch and step time on one accelerator",
-                       description="Estimate a job on one accelerator (--gpu). Memory is per device.")
+                       description="Estimate a job on one accelerator (--gpu). Memory is per device. "
+                                   "Exit status: 0 (fit or not), 1 with --check when the job does "
+                                   "not fit, 2 for bad input.")
     p.add_argument("job_file_pos", nargs="?", metavar="JOB", help="YAML job file (optional)")
     add_job_flags(p)
     p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 when the job does not fit on --gpu (the estimate is still printed)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress display on stderr (estimate shows none; accepted as in plan)")
     p.set_defaults(func=estimate_command)
 
 
@@ -32,4 +42,4 @@ def estimate_command(args: argparse.Namespace) -> int:
     else:
         from ..report.estimate_report import estimate_text
         estimate_text(est)
-    return 0
+    return 1 if args.check and not est.fits else 0

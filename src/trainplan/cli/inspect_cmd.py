@@ -1,4 +1,6 @@
-"""`trainplan inspect MODEL`: parameters, activations and FLOPs per module, from one traced step."""
+"""`trainplan inspect [MODEL|JOB]`: parameters, activations and FLOPs per module, from one traced
+step. Like `estimate`, it takes --model and a YAML job file (positional or --job); the positional
+is a job file when it ends in .yaml / .yml, else a model (`trainplan inspect hf:gpt2`)."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +10,7 @@ from ..accelerators import get_accelerator
 from ..predict.target import semantics_for
 from ..trace.semantics import KernelSemantics
 from ..trace.tracer import trace_step
+from ..errors import TrainplanError
 from .common import add_job_flags, job_from_args
 
 DEFAULT_TARGET = "a100-sxm4-80gb"
@@ -18,15 +21,32 @@ def inspect_command_parser(sub) -> None:
                        description="Trace one training step on fake tensors and show, per module, "
                                    "parameters, saved activations and FLOPs. Kernel semantics are "
                                    f"those of --gpu (default {DEFAULT_TARGET}).")
-    p.add_argument("model", nargs="?", help="model (or give --job)")
-    add_job_flags(p, model_positional=True)
+    p.add_argument("target", nargs="?", metavar="MODEL|JOB",
+                   help="model (as --model), or a YAML job file (*.yaml, *.yml)")
+    add_job_flags(p)
     p.add_argument("--depth", type=int, default=3, help="module depth shown (default 3)")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=inspect_command)
 
 
+def _positional(args: argparse.Namespace) -> str | None:
+    """Put the positional where it belongs (--model or the job file); returns the job file."""
+    target = getattr(args, "target", None)
+    if not target:
+        return None
+    if target.lower().endswith((".yaml", ".yml")):
+        if args.job_file and args.job_file != target:
+            raise TrainplanError(f"Two job files: {target} and --job {args.job_file}.",
+                                 fix="give one of them")
+        return target
+    if args.model and args.model != target:
+        raise TrainplanError(f"Two models: {target} and --model {args.model}.", fix="give one of them")
+    args.model = target
+    return None
+
+
 def trace_for(args):
-    job = job_from_args(args)
+    job = job_from_args(args, _positional(args))
     accel = get_accelerator(job.gpu or DEFAULT_TARGET)
     sem: KernelSemantics = semantics_for(job, accel)
     return job, accel, trace_step(job, sem)

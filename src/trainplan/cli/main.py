@@ -1,7 +1,10 @@
 """`trainplan`: will it fit, how fast, where, at what cost, and what to change.
 
 Bad input (unknown names, malformed files, impossible settings) prints one message and exits 2;
-a job that does not fit is a result (exit 0).
+a job that does not fit is a result (exit 0), or exit 1 with `plan --check` / `estimate --check`.
+
+Output is trainplan's own: warnings of transformers, huggingface_hub and torch (their loggers and
+Python warnings) are shown with --verbose only (models/hf_import.py `third_party_output`).
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import os
 import sys
 
 from ..errors import TrainplanError
+from ..models.hf_import import third_party_output
 from .calibrate_cmd import calibrate_command_parser
 from .catalog_cmd import catalog_command_parser
 from .estimate_cmd import estimate_command_parser
@@ -20,8 +24,24 @@ from .measure_cmd import measure_command_parser
 from .plan_cmd import plan_command_parser
 
 
+VERBOSE_HELP = ("also show third-party warnings (transformers, huggingface_hub, torch), "
+                "hidden by default")
+
+
+def version() -> str:
+    """The installed distribution's version, else `trainplan.__version__`, else "unknown"."""
+    from importlib import metadata
+    try:
+        return metadata.version("trainplan")
+    except metadata.PackageNotFoundError:
+        import trainplan
+        return str(getattr(trainplan, "__version__", "unknown"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainplan", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    p.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     sub = p.add_subparsers(dest="command", required=True)
     inspect_command_parser(sub)
     estimate_command_parser(sub)
@@ -30,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     measure_command_parser(sub)
     calibrate_command_parser(sub)
     plan_command_parser(sub)
+    for command in sub.choices.values():   # also after the command: `trainplan plan --verbose`
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                             help=VERBOSE_HELP)
     return p
 
 
@@ -38,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]   # recorded by `measure`
     try:
-        return args.func(args) or 0
+        with third_party_output(args.verbose):
+            return args.func(args) or 0
     except TrainplanError as e:
         print(f"trainplan: error: {e}", file=sys.stderr)
         return 2

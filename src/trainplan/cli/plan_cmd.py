@@ -2,12 +2,20 @@
 step time, time to finish in sessions and quota weeks, checkpoints, dollars, a verdict and
 checklist per platform, and a ranking. With no JOB it plans examples/graphmer-se.yaml.
 
-Precedence: CLI flags > YAML job file > defaults. Platforms: --platforms, else the job's
-`platforms:`, else every current platform of the catalog (plus --platforms-file's).
+Precedence: CLI flags > YAML job file > defaults. Platforms: --platforms; else, with --gpu
+and/or --gpus on the command line, the current platforms with that accelerator and that many of
+it (one is built from the accelerator catalog if none has both; the job's global batch counts
+those devices); else the job's `platforms:`, else every current platform of the catalog (plus
+--platforms-file's).
+
+Exit status: 0 with the plan printed, whether or not the job fits anywhere; with --check, 1 when
+no platform can run it even after the fix ladder (every verdict WON'T FIT or RETIRED); 2 for bad
+input. The progress display (stderr) is shown only on a terminal, and never with --quiet.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
 from ..errors import TrainplanError
@@ -41,7 +49,19 @@ def plan_command_parser(sub) -> None:
                         "html (a self-contained page)")
     p.add_argument("--report", metavar="FILE", help="also write the report to FILE: plan.md, "
                                                     "plan.html or plan.json (format from the extension)")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 when no platform can run the job, even after the fixes (every "
+                        "verdict WON'T FIT or RETIRED); the plan is still printed. Exit 2 is bad input")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress display on stderr (it is shown only on a terminal anyway)")
     add_job_flags(p)
+    for action in p._actions:   # the shared flags, as `plan` reads them
+        if action.dest == "gpu":
+            action.help = ("accelerator id (trainplan catalog): plan only on platforms with it "
+                           "(with --gpus: that many of it; built if no platform has it)")
+        elif action.dest == "gpus":
+            action.help = ("accelerators per platform: plan only on platforms with that many "
+                           "(the job's global batch counts them)")
     p.set_defaults(func=plan_command)
 
 
@@ -61,8 +81,30 @@ def _positive(name: str, v, integer: bool = True) -> None:
         raise TrainplanError(f"--{name} must be a positive {'integer' if integer else 'number'}, got {v}.")
 
 
+def runnable(plan) -> bool:
+    """Some platform runs the job (READY, READY WITH CHANGES or TIGHT), fixes applied."""
+    from ..plan.result import READY, READY_WITH_CHANGES, TIGHT
+    return any(p.verdict in (READY, READY_WITH_CHANGES, TIGHT) for p in plan.platforms)
+
+
+def _platforms(args: argparse.Namespace, job):
+    """--platforms; else --gpu/--gpus given on the command line; else the job's; else all."""
+    from ..plan import select_platforms
+    from ..plan.build import platforms_with
+    by_accelerator = args.gpu is not None or args.gpus is not None
+    if args.platforms and by_accelerator:
+        raise TrainplanError("--platforms and --gpu/--gpus both choose the platforms.",
+                             fix="give one: --platforms IDS, or --gpu ID [--gpus N]")
+    if by_accelerator:
+        return platforms_with(args.gpu, args.gpus, args.platforms_file)
+    ids = [s for s in (args.platforms or "").split(",") if s.strip()] or list(job.platforms)
+    if [i.strip().lower() for i in ids] == ["all"]:
+        ids = []
+    return select_platforms(ids, args.platforms_file)
+
+
 def plan_command(args: argparse.Namespace) -> int:
-    from ..plan import make_plan, select_platforms
+    from ..plan import make_plan
     path = args.job_file_pos or (None if getattr(args, "model", None) or args.job_file else _default_job())
     job = job_from_args(args, path)
     for name in ("steps", "dataset_size", "target_batch"):
@@ -77,10 +119,7 @@ def plan_command(args: argparse.Namespace) -> int:
     job = job.with_(**kw)
     if job.epochs is not None and not job.steps and not job.dataset_size:
         raise TrainplanError("--epochs needs the dataset size.", fix="add --dataset-size N (samples per epoch)")
-    ids = [s for s in (args.platforms or "").split(",") if s.strip()] or list(job.platforms)
-    if [i.strip().lower() for i in ids] == ["all"]:
-        ids = []
-    platforms = select_platforms(ids, args.platforms_file)
+    platforms = _platforms(args, job)
     # --- reports (issue 6): progress on stderr, extras for md/json/html, then the output ---
     from ..measure.calibrate import user_calibration
     from ..plan import Planner
@@ -88,7 +127,8 @@ def plan_command(args: argparse.Namespace) -> int:
     from ..report.plan_output import emit_plan, needs_curves, report_format
     from ..report.plan_rich import tracing_progress
     report_format(args.report)             # a bad extension fails before the tracing
-    with tracing_progress() as progress:
+    display = contextlib.nullcontext(None) if args.quiet else tracing_progress()
+    with display as progress:
         planner = Planner(job, progress=progress, calibration=user_calibration())
         plan = make_plan(job, platforms, optimize=args.optimize, budget_usd=args.budget,
                          deadline_s=args.deadline * 3600 if args.deadline is not None else None,
@@ -96,4 +136,4 @@ def plan_command(args: argparse.Namespace) -> int:
         curves = needs_curves(args.format, args.report)
         extras = plan_extras(plan, platforms, planner if curves else None)
     emit_plan(plan, extras, args.format, args.report)
-    return 0
+    return 1 if args.check and not runnable(plan) else 0

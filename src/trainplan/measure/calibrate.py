@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import TrainplanError
-from ..paths import trainplan_home
+from ..paths import atomic_write, trainplan_home
 from ..predict.calibration import UNMEASURED_TERMS  # noqa: F401  (re-exported for measure/)
 from .records import now_iso
 
@@ -99,7 +99,7 @@ def save(cals: dict[str, Calibration], path: str | Path | None = None,
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"schema": SCHEMA, "updated": now_iso(),
            "accelerators": {k: v.to_dict() for k, v in sorted(merged.items())}}
-    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    atomic_write(path, json.dumps(doc, indent=2) + "\n")
     return path, kept
 
 

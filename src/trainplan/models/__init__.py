@@ -61,6 +61,18 @@ def build_model(job, attention: str = "efficient") -> ModelBundle:
         fix="for example --model hf:google-bert/bert-large-uncased or --model timm:resnet50")
 
 
+def stack_hint(job) -> int | None:
+    """How many repeated blocks the job's model config names (the deepest stack), without
+    building it; None when unknown (timm, torchvision, py:). What decides whether a trace is cut
+    to a few blocks (trace/depth.py) is the built model; this only says whether to try."""
+    if job.model.startswith("hf:"):
+        from .hf import config_depth
+        return config_depth(job)
+    if job.transformer is not None:
+        return int(job.transformer.num_layers)
+    return None
+
+
 def loss_from_output(out, inputs) -> torch.Tensor:
     """HF-style outputs carry `.loss`; a bare tensor output is the loss (or logits, reduced)."""
     if isinstance(out, torch.Tensor):

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
+import re
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -23,11 +26,76 @@ DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.flo
           "int32": torch.int32, "bool": torch.bool}
 
 
+# The torch/torchvision pair this project installs (constraints.txt); named in the fix for a
+# mismatched pair, read from constraints.txt when it is at hand.
+PINNED_PAIR = {"torch": "2.13.0", "torchvision": "0.28.0"}
+
+
+def _pinned_pair() -> dict[str, str]:
+    pins = dict(PINNED_PAIR)
+    path = Path(__file__).resolve().parents[3] / "constraints.txt"   # <repo>/src/trainplan/models
+    try:
+        for line in path.read_text().splitlines():
+            m = re.match(r"\s*(torch|torchvision)\s*==\s*([\w.+-]+)", line)
+            if m:
+                pins[m.group(1)] = m.group(2)
+    except OSError:
+        pass
+    return pins
+
+
+def _is_torchvision_mismatch(e: BaseException) -> bool:
+    """torchvision built for another torch: `import torchvision` fails with "operator
+    torchvision::nms does not exist" (RuntimeError) or an ImportError/undefined symbol naming it."""
+    if not isinstance(e, (ImportError, RuntimeError, OSError, AttributeError)):
+        return False
+    frames = traceback.extract_tb(e.__traceback__)
+    return "torchvision" in str(e) or any("torchvision" in Path(f.filename).parts for f in frames)
+
+
+def user_code_error(e: BaseException, user_file: str | Path | None, doing: str) -> TrainplanError:
+    """An exception raised by the user's own model code -> a TrainplanError that says so: the
+    file and line (the traceback's last frame in the user's file), the exception, the likely fix."""
+    where = str(user_file) if user_file else "your model code"
+    func = None
+    if user_file:
+        target = Path(user_file).resolve()
+        frames = [f for f in traceback.extract_tb(e.__traceback__)
+                  if Path(f.filename).resolve() == target]
+        if frames:
+            where = f"{frames[-1].filename}, line {frames[-1].lineno}"
+            func = frames[-1].name
+    text = " ".join(str(e).split()) or "(no message)"
+    if len(text) > 300:
+        text = text[:297] + "..."
+    what = (f"Your model code raised {type(e).__name__} while {doing}: {text} "
+            f"(at {where}{f', in {func}' if func and func != '<module>' else ''}).")
+    if _is_torchvision_mismatch(e):
+        pins = _pinned_pair()
+        return TrainplanError(
+            what + " torch and torchvision do not match: this torchvision was built for another "
+            "torch.", allowed=f"the matched pair torch=={pins['torch']} with "
+                              f"torchvision=={pins['torchvision']} (constraints.txt)",
+            fix="install the matched pair: pip install -c constraints.txt torch torchvision "
+                f"(in the trainplan checkout; it pins torch=={pins['torch']}, "
+                f"torchvision=={pins['torchvision']}), or pip install torch=={pins['torch']} "
+                f"torchvision=={pins['torchvision']}")
+    if isinstance(e, ModuleNotFoundError) and e.name:
+        fix = f"install the package your code imports (pip install {e.name.split('.')[0]}), " \
+              "or remove that import"
+    elif isinstance(e, TypeError) and "argument" in text and doing.startswith("calling"):
+        fix = "make the job's model_args match the factory's parameters"
+    else:
+        fix = f"fix the error at {where}; run the file with python to see the whole traceback"
+    return TrainplanError(what, fix=fix)
+
+
 def _load_factory(ref: str, base_dir: Path | None):
     mod_name, _, fn_name = ref.rpartition(":")
     if not mod_name or not fn_name:
         raise TrainplanError(f"py:{ref} must be py:<module>:<factory>.",
                              fix="for example py:examples/glf_cr.py:build or py:mypkg.models:make")
+    user_file = None
     try:
         if mod_name.endswith(".py"):
             path = Path(mod_name)
@@ -35,21 +103,43 @@ def _load_factory(ref: str, base_dir: Path | None):
                 path = base_dir / path
             if not path.exists():
                 raise TrainplanError(f"py: file {mod_name} does not exist.")
+            user_file = path
             spec = importlib.util.spec_from_file_location(path.stem, path)
             module = importlib.util.module_from_spec(spec)
             sys.modules[path.stem] = module
-            spec.loader.exec_module(module)
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                sys.modules.pop(path.stem, None)      # no half-run module left behind
+                raise
         else:
             if base_dir is not None and str(base_dir) not in sys.path:
                 sys.path.insert(0, str(base_dir))
+            try:
+                found = importlib.util.find_spec(mod_name)
+            except (ImportError, ValueError):
+                found = None
+            if found is None:
+                raise TrainplanError(f"Cannot import {mod_name!r}: no such module.",
+                                     fix="check the module is on PYTHONPATH or give a path to a "
+                                         ".py file")
+            user_file = found.origin
             module = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise TrainplanError(f"Cannot import {mod_name!r}: {e}",
-                             fix="check the module is on PYTHONPATH or give a path to a .py file") from None
+    except (TrainplanError, KeyboardInterrupt):
+        raise
+    except BaseException as e:   # noqa: BLE001 -- the user's module failed (or exited) importing
+        raise user_code_error(e, user_file, f"importing {mod_name}") from None
     fn = getattr(module, fn_name, None)
     if fn is None:
         raise TrainplanError(f"{mod_name} has no {fn_name!r}.")
     return fn
+
+
+def _factory_file(factory) -> str | None:
+    try:
+        return inspect.getsourcefile(factory)
+    except TypeError:
+        return getattr(sys.modules.get(getattr(factory, "__module__", "")), "__file__", None)
 
 
 def parse_input_spec(spec) -> list[dict]:
@@ -77,8 +167,13 @@ def parse_input_spec(spec) -> list[dict]:
 def build_custom(job) -> ModelBundle:
     factory = _load_factory(job.model[3:], job.base_dir)
     specs = parse_input_spec(job.inputs)
-    with torch.device("meta"):
-        module = factory(**(job.model_args or {}))
+    try:
+        with torch.device("meta"):
+            module = factory(**(job.model_args or {}))
+    except (TrainplanError, KeyboardInterrupt):
+        raise
+    except BaseException as e:   # noqa: BLE001 -- the user's factory failed (or exited)
+        raise user_code_error(e, _factory_file(factory), f"calling {job.model[3:]}") from None
     if not isinstance(module, torch.nn.Module):
         raise TrainplanError(f"{job.model} returned {type(module).__name__}, not an nn.Module.")
 

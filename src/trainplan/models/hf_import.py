@@ -14,14 +14,20 @@ about 0.5 s, and beside a CPU torch the wheel may be a CUDA build that cannot lo
 vision.import_torchvision). A later `timm:`/`torchvision:` model still imports it normally.
 
 Both are set up only if transformers is not imported yet; if it is, nothing changes.
+
+Also here: `third_party_output`, the one place where the CLI hides transformers', huggingface_hub's
+and torch's warnings unless --verbose (issue 18).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.abc
+import logging
 import os
 import pickle
 import sys
+import warnings
 
 from ..paths import cache_dir
 
@@ -130,3 +136,53 @@ def _hide_torchvision() -> None:
         return False
     tu.is_torchvision_available = import_utils.is_torchvision_available = absent
 
+
+
+# --- third-party noise (issue 18) ---------------------------------------------------------------
+# What the user reads is trainplan's own findings. transformers', huggingface_hub's and torch's
+# log warnings and Python warnings (rope_scaling, `loss_type=None`, deprecations) say nothing
+# about the job; they are shown with `trainplan --verbose` only. The CLI sets this up once, in
+# `main`, around the whole command: forked trace workers (trace/parallel.py) inherit the levels,
+# the environment and the warning filters in force when they are forked.
+
+_LIBRARY_LOGGERS = ("transformers", "huggingface_hub", "torch", "timm", "torchvision",
+                    "accelerate", "peft")
+# transformers and huggingface_hub give their root logger a level when first imported, from
+# these variables (default warning); setting the variable covers an import inside the block
+_VERBOSITY_ENV = {"transformers": "TRANSFORMERS_VERBOSITY", "huggingface_hub": "HF_HUB_VERBOSITY"}
+
+
+@contextlib.contextmanager
+def third_party_output(verbose: bool):
+    """Within the block, third-party warnings are dropped unless `verbose`; all is put back on
+    exit. Dropped: records below ERROR on the libraries' loggers and on loggers with no handler
+    (which Python's last-resort handler would print), and Python warnings. A verbosity the user
+    asked for (TRANSFORMERS_VERBOSITY, HF_HUB_VERBOSITY, -W or PYTHONWARNINGS) is kept."""
+    if verbose:
+        yield
+        return
+    env_before = {lib: os.environ.get(var) for lib, var in _VERBOSITY_ENV.items()}
+    levels_before = {n: logging.getLogger(n).level for n in _LIBRARY_LOGGERS}
+    last_resort = logging.lastResort
+    for lib, var in _VERBOSITY_ENV.items():
+        os.environ.setdefault(var, "error")
+    for n in _LIBRARY_LOGGERS:
+        if env_before.get(n) is None:
+            logging.getLogger(n).setLevel(logging.ERROR)
+    quiet = logging.StreamHandler()   # stderr, like the last-resort handler, from ERROR up
+    quiet.setLevel(logging.ERROR)
+    logging.lastResort = quiet
+    try:
+        with warnings.catch_warnings():
+            if not sys.warnoptions:
+                warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.lastResort = last_resort
+        for lib, var in _VERBOSITY_ENV.items():
+            if env_before[lib] is None:
+                os.environ.pop(var, None)
+        for n, level in levels_before.items():
+            if level == logging.NOTSET and n in _VERBOSITY_ENV and n in sys.modules:
+                level = logging.WARNING    # imported inside the block: the library's default
+            logging.getLogger(n).setLevel(level)

@@ -15,8 +15,10 @@ inside the sentences, which use units.py.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..strategy import DP
-from ..units import fmt_bytes, fmt_seconds, fmt_usd
+from ..units import fmt_bytes, fmt_int, fmt_seconds, fmt_usd
 from .result import READY, READY_WITH_CHANGES, RETIRED, TIGHT, WONT_FIT, CheckItem
 
 
@@ -26,11 +28,11 @@ def batch_change(job, cfg, devices: int, target: int) -> str | None:
     if (b, k) == (job.batch_size, job.grad_accum):
         return None
     glob = b * k * devices
-    exact = "" if glob == target else f", target {target}"
+    exact = "" if glob == target else f", target {fmt_int(target)}"
     where = f"on each of {devices} devices" if devices > 1 else "on the device"
-    return (f"micro-batch {b} with {k} accumulation step{'s' if k > 1 else ''} {where} "
-            f"(global batch {glob}{exact}; "
-            f"job: micro-batch {job.batch_size} x {job.grad_accum})")
+    return (f"micro-batch {fmt_int(b)} with {fmt_int(k)} accumulation step{'s' if k > 1 else ''} "
+            f"{where} (global batch {fmt_int(glob)}{exact}; "
+            f"job: micro-batch {fmt_int(job.batch_size)} x {fmt_int(job.grad_accum)})")
 
 
 def assess(platform, job, cfg, changes: list[str], sessions, storage, cost, steps: int,
@@ -61,7 +63,7 @@ def assess(platform, job, cfg, changes: list[str], sessions, storage, cost, step
                                f"deadline: finishes in {fmt_seconds(sessions.finish_s)} of "
                                f"{fmt_seconds(deadline_s)}"))
     if cfg.interpolated:
-        items.append(CheckItem("info", f"micro-batch {cfg.micro_batch} read off the line through two "
+        items.append(CheckItem("info", f"micro-batch {fmt_int(cfg.micro_batch)} read off the line through two "
                                        "traced micro-batches (every allocation and op is affine in "
                                        "the batch: the same numbers as a trace)"))
     items.append(CheckItem("info", f"step time rests on {cfg.evaluation.calibration['text']}"))
@@ -100,14 +102,14 @@ def _device(cfg, items: list[CheckItem], fail: list[str], headroom=()) -> None:
 def _batch_and_job(p, cfg, target: int, items: list[CheckItem]) -> None:
     glob = cfg.micro_batch * cfg.grad_accum * p.devices
     items.append(CheckItem("pass" if glob == target else "warn",
-                           f"batch: micro-batch {cfg.micro_batch} x {cfg.grad_accum} accumulation x "
-                           f"{p.devices} device(s) = {glob} per step (target {target})"))
+                           f"batch: micro-batch {fmt_int(cfg.micro_batch)} x {fmt_int(cfg.grad_accum)} accumulation x "
+                           f"{p.devices} device(s) = {fmt_int(glob)} per step (target {fmt_int(target)})"))
     ckpt = cfg.job.grad_checkpointing
     ep = cfg.job.expert_parallel
     items.append(CheckItem("info", f"precision: {cfg.job.precision.label}; strategy: "
                                    f"{cfg.job.strategy.label}; "
                                    + (f"experts split over {ep} GPUs; " if ep > 1 else "")
-                                   + ("no activation checkpointing" if ckpt == "none" else
+                                   + ("no activation checkpointing" if ckpt in (None, "none") else
                                       f"{ckpt} activation checkpointing"
                                       + (" (reentrant)" if cfg.job.reentrant_checkpointing else ""))))
 
@@ -150,7 +152,7 @@ def _sessions(p, sessions, items: list[CheckItem], fail: list[str]) -> None:
                                + (f" incl. {fmt_seconds(sessions.compile_s_per_session)} XLA compile"
                                   if sessions.compile_s_per_session else "")
                                + " each); resume from the last checkpoint"))
-    items.append(CheckItem("info", f"checkpoint every {sessions.checkpoint_every_steps} steps "
+    items.append(CheckItem("info", f"checkpoint every {fmt_int(sessions.checkpoint_every_steps)} steps "
                                    f"(~{fmt_seconds(sessions.checkpoint_every_s)})"))
     if not p.background_execution:
         idle = f" (idle timeout {fmt_seconds(p.idle_timeout_s)})" if p.idle_timeout_s else ""
@@ -171,10 +173,10 @@ def _storage(storage, sessions, items: list[CheckItem], fail: list[str]) -> None
     ok = True
     if storage.checkpoints_fit_disk is not None:
         limits.append(f"{fmt_bytes(storage.disk_bytes)} of output disk holds "
-                      f"{storage.checkpoints_fit_disk}")
+                      f"{fmt_int(storage.checkpoints_fit_disk)}")
         ok = ok and storage.checkpoints_fit_disk >= 1
     if storage.checkpoints_fit_files is not None:
-        limits.append(f"the {storage.output_file_limit}-file limit holds {storage.checkpoints_fit_files}")
+        limits.append(f"the {fmt_int(storage.output_file_limit)}-file limit holds {fmt_int(storage.checkpoints_fit_files)}")
         ok = ok and storage.checkpoints_fit_files >= 1
     items.append(CheckItem("pass" if ok else ("fail" if need_ckpt else "warn"),
                            f"checkpoint: {fmt_bytes(storage.checkpoint_bytes)} ({what}, "
@@ -182,3 +184,59 @@ def _storage(storage, sessions, items: list[CheckItem], fail: list[str]) -> None
                            + ("; " + ", ".join(limits) if limits else "; no disk limit stated")))
     if not ok and need_ckpt:
         fail.append("cannot store one checkpoint to resume from")
+
+
+# --- the summary line and the estimate's verdict: decided here, from the same marks ----------
+
+RUNS = (READY, READY_WITH_CHANGES, TIGHT)     # verdicts under which the job runs
+FITS, TIGHT_FIT, NO_FIT = "FITS", "TIGHT", "DOES NOT FIT"   # `trainplan estimate`'s vocabulary
+RUNS_AFTER_CHANGES = READY_WITH_CHANGES      # fits; a setting (precision...) must change first
+
+
+@dataclass(frozen=True)
+class Headline:
+    """The one-line summary of a plan. `verdict` is always one of the per-platform marks (the
+    mark of `platform_id`), or '' when no platform runs the job; `text` says the rest."""
+    verdict: str
+    platform_id: str
+    name: str
+    text: str
+
+
+def headline(doc: dict) -> Headline:
+    """The summary of a plan document (`Plan.to_json()`), from the per-platform verdicts: the
+    recommended platform; else the best-ranked platform that runs the job (its own mark, with
+    why it is not recommended); else why none runs it. It never says that no platform qualifies
+    while one is marked as running the job."""
+    plats = doc.get("platforms") or []
+    win = next((p for p in plats if p["platform_id"] == doc.get("winner")), None)
+    if win is not None:
+        return Headline(win["verdict"], win["platform_id"], win.get("name", ""), "")
+    runs = next((p for p in plats if p["verdict"] in RUNS), None)
+    if runs is not None:
+        why = runs.get("reason") or "outside the plan's limits"
+        return Headline(runs["verdict"], runs["platform_id"], runs.get("name", ""),
+                        f"runs the job, but not within every limit: {why}")
+    if plats and all(p["verdict"] == RETIRED for p in plats):
+        return Headline("", "", "", "no platform qualifies: every platform asked for is retired")
+    if not plats:
+        return Headline("", "", "", "no platform qualifies: none was planned")
+    return Headline("", "", "", f"no platform qualifies: {WONT_FIT} on every current platform, "
+                                "even after the fix ladder")
+
+
+def estimate_verdict(est) -> tuple[str, str]:
+    """(verdict, why) for `trainplan estimate`: DOES NOT FIT only for memory (or a finding that
+    blocks the job outright); an error that a setting change cures -- bf16 on a T4, which runs
+    as fp16 -- is READY WITH CHANGES (the plan's word) with the change, not a memory verdict."""
+    m = est.memory
+    if not m.fits:
+        return NO_FIT, f"needs {fmt_bytes(m.required_bytes)} per device, has {fmt_bytes(m.capacity_bytes)}"
+    errors = [f for f in est.findings if f.severity == "error" and f.kind != "memory"]
+    blocking = [f for f in errors if f.blocks and not f.fix]
+    if blocking:
+        return NO_FIT, blocking[0].message
+    if errors:
+        f = errors[0]
+        return RUNS_AFTER_CHANGES, f.message + (f" -> {f.fix}" if f.fix else "")
+    return (TIGHT_FIT if m.tight else FITS), ""

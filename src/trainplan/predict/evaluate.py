@@ -104,8 +104,11 @@ def memory_at(job, accel: Accelerator, traces: Traces, sem, batch: int
     so memory is non-decreasing in the micro-batch."""
     tr, interpolated = traces.at(job, sem, batch)
     lo, hi = ANCHORS
-    frag = fragmentation_between(fragmentation(traces.exact(job, sem, lo)),
-                                 fragmentation(traces.exact(job, sem, hi)), lo, hi, batch)
+    if batch <= lo:        # the line starts at lo: the larger anchor is not needed (nor traced)
+        frag = fragmentation(traces.exact(job, sem, lo))
+    else:
+        frag = fragmentation_between(fragmentation(traces.exact(job, sem, lo)),
+                                     fragmentation(traces.exact(job, sem, hi)), lo, hi, batch)
     return tr, interpolated, estimate_memory(tr, accel, job.with_(batch_size=batch), frag=frag)
 
 

@@ -250,7 +250,10 @@ class Fragmentation:
 
 
 def fragmentation(trace: Trace) -> Fragmentation:
-    """The trace's own replay (allocator.py): peak pinned and peak reserved minus peak allocated."""
+    """The trace's own replay (allocator.py): peak pinned and peak reserved minus peak allocated
+    (a trace stitched from cut ones carries its own: predict/depth.py)."""
+    if "fragmentation" in trace.derived:
+        return trace.derived["fragmentation"]
     alloc, reserved, pinned = _replay_once(trace)
     return Fragmentation(max(0, pinned - alloc), max(0, reserved - alloc))
 

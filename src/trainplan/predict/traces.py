@@ -15,12 +15,19 @@ ops (data-dependent control flow) the micro-batch itself is traced.
 from __future__ import annotations
 
 import bisect
+import copy
 from collections.abc import Callable
+from dataclasses import replace
+
+import torch
 
 from ..strategy import SINGLE
 from ..trace.parallel import trace_all
 from ..trace.semantics import KernelSemantics
+from ..models import stack_hint
+from ..trace.depth import MIN_BLOCKS
 from ..trace.tracer import Trace, trace_step
+from .depth import HIGH, LOW, stitch
 from .interpolate import same_shape_family, trace_between
 
 ANCHORS = (2, 32)      # the two real traces every micro-batch >= 2 is read from
@@ -43,97 +50,239 @@ def describe(job, sem: KernelSemantics, batch: int) -> str:
             f"{str(sem.autocast_dtype).replace('torch.', '') if sem.autocast_dtype else 'no autocast'})")
 
 
-class Traces:
-    """Trace cache for one job and its variants; `progress(msg)` is told about every real trace."""
+class Deferred(Exception):
+    """A trace that is not made yet was asked for while `Traces.deferring` (see `in_rounds`)."""
 
-    def __init__(self, progress: Callable[[str], None] | None = None):
-        self._exact: dict[tuple, Trace] = {}       # (variant, semantics, batch) -> trace
-        self._batches: dict[tuple, list[int]] = {}  # (variant, semantics) -> sorted traced batches
+
+class Traces:
+    """Trace cache for one job and its variants; `progress(msg)` is told about every real trace.
+
+    `cut` (default True): a model with a deep stack of alike blocks is traced cut to 2 and 3
+    blocks and the whole step is stitched from them (depth.py); False traces every block."""
+
+    def __init__(self, progress: Callable[[str], None] | None = None, cut: bool = True):
+        self._exact: dict[tuple, Trace] = {}       # (variant, semantics, depth, batch) -> trace
+        self._batches: dict[tuple, list[int]] = {}  # (variant, semantics, depth) -> traced batches
         self._between: dict[tuple, Trace] = {}
         self._family: dict[tuple, bool] = {}        # do the traces at (lo, hi) run the same ops?
         self._keys: dict[int, tuple] = {}           # id(job) -> (job, its variant key)
+        self._whole: dict[tuple, tuple[Trace, bool]] = {}   # stitched traces (depth.py)
+        self._uncut: set[tuple] = set()             # variants traced whole (no stack to cut)
         self._progress = progress
+        self._cut = cut
+        self._failed: set[tuple] = set()            # traces a worker could not make
+        self.deferring: list[tuple] | None = None   # while set: missing traces, recorded
         self.traced = 0
 
-    def _key(self, job, sem: KernelSemantics) -> tuple:
-        """(the traced variant, the kernel semantics); the variant's repr is kept per job object
-        (jobs are immutable), since planning asks for the same few jobs thousands of times."""
+    def _key(self, job, sem: KernelSemantics, depth: int | None = None) -> tuple:
+        """(the traced variant, the kernel semantics, blocks kept); the variant's repr is kept per
+        job object (jobs are immutable), since planning asks for the same few jobs thousands of
+        times."""
         hit = self._keys.get(id(job))
         if hit is None or hit[0] is not job:
             hit = self._keys[id(job)] = (job, repr(trace_job(job)))
-        return (hit[1], sem.key())
+        return (hit[1], sem.key(), depth)
+
+    def _cuts(self, job, sem: KernelSemantics) -> bool:
+        """Whether `job` is traced cut (depth.py): its model names a stack deep enough to cut."""
+        if not self._cut or self._key(job, sem) in self._uncut:
+            return False
+        hint = self._keys.get(("blocks", id(job)))
+        if hint is None or hint[0] is not job:
+            hint = self._keys[("blocks", id(job))] = (job, stack_hint(job))
+        return (hint[1] or 0) >= MIN_BLOCKS
 
     def traced_batches(self, job, sem: KernelSemantics) -> list[int]:
-        return list(self._batches.get(self._key(job, sem), ()))
+        depth = HIGH if self._cuts(job, sem) else None
+        return list(self._batches.get(self._key(job, sem, depth), ()))
 
     def _store(self, key: tuple, batch: int, tr: Trace) -> None:
         self._exact[key + (batch,)] = tr
         bisect.insort(self._batches.setdefault(key, []), batch)
         self.traced += 1
 
-    def exact(self, job, sem: KernelSemantics, batch: int) -> Trace:
-        """The real trace of `job` at micro-batch `batch` (traced now if it was not)."""
-        key = self._key(job, sem)
+    def _real(self, job, sem: KernelSemantics, batch: int, depth: int | None = None) -> Trace:
+        key = self._key(job, sem, depth)
         if key + (batch,) not in self._exact:
+            twin = half_twin(job, sem)
+            if twin is not None:          # the bf16 twin's trace, its dtype renamed (half_twin)
+                self._store(key, batch, relabel(self._real(*twin, batch, depth), sem))
+                self.traced -= 1
+                return self._exact[key + (batch,)]
+            if self.deferring is not None and key + (batch,) not in self._failed:
+                self.deferring.append((job, sem, batch, depth))
+                raise Deferred
             if self._progress:
                 self._progress(describe(job, sem, batch))
-            self._store(key, batch, trace_step(trace_job(job), sem, batch))
+            self._store(key, batch, trace_step(trace_job(job), sem, batch, depth=depth))
         return self._exact[key + (batch,)]
+
+    def _stitched(self, job, sem: KernelSemantics, batch: int, how: str) -> tuple[Trace, bool] | None:
+        """The whole model's trace at `batch` from its cut traces (`how`: "exact" or "at"), or
+        None where the model is not cut (then it is marked to be traced whole)."""
+        memo = self._key(job, sem) + (how, batch)
+        if memo not in self._whole:
+            if how == "exact":
+                parts = [(self._real(job, sem, batch, d), False) for d in (LOW, HIGH)]
+            else:
+                parts = [self._at(job, sem, batch, d) for d in (LOW, HIGH)]
+            whole = stitch(parts[0][0], parts[1][0])
+            if whole is None:
+                self._uncut.add(self._key(job, sem))
+                whole_key = self._key(job, sem)
+                if parts[1][0].stack is None and how == "exact" and \
+                        whole_key + (batch,) not in self._exact:    # the "cut" trace is whole
+                    self._store(whole_key, batch, parts[1][0])
+                    self.traced -= 1
+                return None
+            self._whole[memo] = (whole, parts[0][1] or parts[1][1])
+        return self._whole[memo]
+
+    def exact(self, job, sem: KernelSemantics, batch: int) -> Trace:
+        """The trace of `job` at micro-batch `batch`: real (traced now if it was not), or
+        stitched from real cut traces (depth.py)."""
+        if self._cuts(job, sem):
+            hit = self._stitched(job, sem, batch, "exact")
+            if hit is not None:
+                return hit[0]
+        return self._real(job, sem, batch)
 
     def prefetch(self, requests: list[tuple]) -> None:
         """Trace each (job, semantics, batch) not yet traced, in parallel where cores allow
-        (trace/parallel.py). A failure is left for `exact` to raise when it is asked for."""
-        todo, seen = [], set()
+        (trace/parallel.py); a cut model's two cut traces. A failure is left for `exact` to
+        raise when it is asked for. While deferring, the requests are recorded instead."""
+        todo = []
         for job, sem, batch in requests:
-            key = self._key(job, sem)
-            if key + (batch,) not in self._exact and key + (batch,) not in seen:
-                seen.add(key + (batch,))
-                todo.append((key, trace_job(job), sem, batch))
-        if len(todo) < 2:
+            job, sem = half_twin(job, sem) or (job, sem)
+            todo += [(job, sem, batch, d) for d in ((LOW, HIGH) if self._cuts(job, sem) else (None,))]
+        if self.deferring is not None:
+            missing = [r for r in todo if self._key(*r[:2], r[3]) + (r[2],) not in self._exact]
+            if missing:
+                self.deferring.extend(missing)
+                raise Deferred
+            return
+        self.fill(todo, at_least=2)
+
+    def fill(self, requests: list[tuple], at_least: int = 1) -> None:
+        """Trace each (job, semantics, batch, depth) not yet traced, at once on all cores, when
+        there are `at_least` of them."""
+        todo, seen = [], set()
+        for job, sem, batch, depth in requests:
+            key = self._key(job, sem, depth) + (batch,)
+            if key not in self._exact and key not in seen and key not in self._failed:
+                seen.add(key)
+                todo.append((key, trace_job(job), sem, batch, depth))
+        if len(todo) < at_least:
             return
         if self._progress:
-            for _key, tj, sem, batch in todo:
+            for _key, tj, sem, batch, _d in todo:
                 self._progress(describe(tj, sem, batch))
-        for (key, _tj, _sem, batch), tr in zip(todo, trace_all([(tj, sem, b)
-                                                                  for _k, tj, sem, b in todo])):
+        for (key, _tj, _sem, _b, _d), tr in zip(todo, trace_all([r[1:] for r in todo])):
             if isinstance(tr, Trace):
-                self._store(key, batch, tr)
+                self._store(key[:-1], key[-1], tr)
+            else:
+                self._failed.add(key)
 
-    def between(self, job, sem: KernelSemantics, batch: int, lo: int, hi: int) -> Trace:
+    def in_rounds(self, tasks: list[Callable]) -> list:
+        """Each task's result, the traces they need made in parallel rounds: every round runs
+        the unfinished tasks until each asks for a trace not made yet (`Deferred`), then makes all
+        of those at once on all cores. A task restarts from its beginning each round; what it
+        computed before is cached (planner.py), so a round costs the new traces only. The
+        results are those of running the tasks one after another."""
+        results: dict[int, object] = {}
+        pending = list(range(len(tasks)))
+        while pending:
+            self.deferring, still = [], []
+            try:
+                for i in pending:
+                    try:
+                        results[i] = tasks[i]()
+                    except Deferred:
+                        still.append(i)
+                requests = self.deferring
+            finally:
+                self.deferring = None
+            if still and not requests:
+                raise RuntimeError("a task deferred without naming a trace")
+            self.fill(requests)
+            pending = still
+        return [results[i] for i in range(len(tasks))]
+
+    def between(self, job, sem: KernelSemantics, batch: int, lo: int, hi: int,
+                depth: int | None = None) -> Trace:
         """The trace at `batch` on the line through the real traces at `lo` and `hi` (traced if
         needed): interpolated for lo < batch < hi, extrapolated for batch > hi; the real trace
-        at `batch` where the two run different ops (interpolate.py)."""
-        memo = self._key(job, sem) + (batch, lo, hi)
+        at `batch` where the two run different ops (interpolate.py). `depth`: of the model cut
+        to that many blocks."""
+        memo = self._key(job, sem, depth) + (batch, lo, hi)
         if memo in self._between:
             return self._between[memo]
-        if batch in (lo, hi) or not self.on_line(job, sem, lo, hi):
-            return self.exact(job, sem, batch)
-        t_lo, t_hi = self.exact(job, sem, lo), self.exact(job, sem, hi)
+        if batch in (lo, hi) or not self.on_line(job, sem, lo, hi, depth):
+            return self._real(job, sem, batch, depth)
+        t_lo, t_hi = self._real(job, sem, lo, depth), self._real(job, sem, hi, depth)
         self._between[memo] = trace_between(t_lo, t_hi, batch, extrapolate=batch > hi)
         return self._between[memo]
 
     def on_line(self, job, sem: KernelSemantics, lo: int = ANCHORS[0],
-                hi: int = ANCHORS[1]) -> bool:
+                hi: int = ANCHORS[1], depth: int | None = None) -> bool:
         """Whether the real traces at `lo` and `hi` run the same ops, so that other micro-batches
-        can be read off their line (interpolate.same_shape_family; traced if needed)."""
-        family = self._key(job, sem) + (lo, hi)
+        can be read off their line (interpolate.same_shape_family; traced if needed); for a cut
+        model, whether both cut models' do."""
+        if depth is None and self._cuts(job, sem):
+            return all(self.on_line(job, sem, lo, hi, d) for d in (LOW, HIGH))
+        family = self._key(job, sem, depth) + (lo, hi)
         if family not in self._family:
-            self._family[family] = same_shape_family(self.exact(job, sem, lo),
-                                                     self.exact(job, sem, hi))
+            self._family[family] = same_shape_family(self._real(job, sem, lo, depth),
+                                                     self._real(job, sem, hi, depth))
         return self._family[family]
+
+    def _at(self, job, sem: KernelSemantics, batch: int, depth: int | None) -> tuple[Trace, bool]:
+        if batch == 1 or batch in ANCHORS:
+            return self._real(job, sem, batch, depth), False
+        tr = self.between(job, sem, batch, *ANCHORS, depth=depth)
+        return tr, tr is not self._exact.get(self._key(job, sem, depth) + (batch,))
 
     def at(self, job, sem: KernelSemantics, batch: int) -> tuple[Trace, bool]:
         """(trace at `batch`, interpolated?): a real trace at 1 and at the anchors (2 and
         32), else the line through the anchors (interpolate.py: between them or beyond); the
         real trace at `batch` where the anchors run different ops. Which micro-batches are traced
-        never depends on the batch asked about, so neither does any answer."""
-        if batch == 1 or batch in ANCHORS:
-            return self.exact(job, sem, batch), False
-        tr = self.between(job, sem, batch, *ANCHORS)
-        return tr, tr is not self._exact.get(self._key(job, sem) + (batch,))
+        never depends on the batch asked about, so neither does any answer. A cut model's trace
+        is stitched from its cut models' (depth.py)."""
+        if self._cuts(job, sem):
+            hit = self._stitched(job, sem, batch, "at")
+            if hit is not None:
+                return hit
+        return self._at(job, sem, batch, None)
+
+
+def half_twin(job, sem: KernelSemantics) -> tuple | None:
+    """(the job in bf16, its semantics) for an fp16 job (AMP or pure), else None. fp16 and bf16
+    are both 2 bytes and autocast casts the same ops to either, so the two steps allocate the
+    same bytes and run the same ops; only the dtype the kernels compute in differs, which the
+    time model reads per op (timing.py). One trace serves both (tests/test_depth.py)."""
+    if sem.autocast_dtype is torch.float16 or (sem.autocast_dtype is None and job.precision.is_fp16):
+        twin = job.with_(precision=job.precision.with_compute("bf16"))
+        return twin, replace(sem, autocast_dtype=torch.bfloat16 if sem.autocast_dtype else None)
+    return None
+
+
+_DTYPE_TWIN = {"bfloat16": "float16", "torch.bfloat16": "torch.float16"}
+
+
+def relabel(tr: Trace, sem: KernelSemantics) -> Trace:
+    """The bf16 twin's trace as the fp16 job's: each op's dtype and the semantics renamed."""
+    ops = []
+    for r in tr.ops:
+        if r.dtype in _DTYPE_TWIN:
+            r = copy.copy(r)
+            r.dtype = _DTYPE_TWIN[r.dtype]
+        ops.append(r)
+    return replace(tr, ops=ops, semantics=sem)
 
 
 def anchors_for(batch: int) -> list[int]:
     """The real traces evaluating micro-batch `batch` reads (what to prefetch): the anchors, whose
-    line gives the trace and the allocator's fragmentation (evaluate.memory_at), and 1 itself."""
-    return ([1] if batch == 1 else []) + list(ANCHORS)
+    line gives the trace and the allocator's fragmentation (evaluate.memory_at), and 1 itself.
+    Micro-batch 1 reads only the smaller anchor's fragmentation: the larger one is left until a
+    search for the largest micro-batch asks for it (a 70B job on one GPU never does)."""
+    return [1, ANCHORS[0]] if batch == 1 else list(ANCHORS)

@@ -4,10 +4,25 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from rich.table import Table
+import re
 
-from ..units import fmt_bytes
-from .console import console
+from rich.markup import escape
+
+from ..units import fmt_bytes, fmt_count, fmt_seconds, fmt_usd
+from .console import Col, console, fit_table
+
+BUILT = re.compile(r"builds to (\d+)")
+
+
+def model_params(row: dict) -> str:
+    """The parameter count of a bundled config: the published one, else the count the config
+    builds to (recorded in the index's notes when the model card gives none), marked so."""
+    if row.get("published_params"):
+        return fmt_count(int(row["published_params"]))
+    m = BUILT.search(row.get("notes") or "")
+    if m:
+        return fmt_count(int(m.group(1))) + " (built)"
+    return "not published"
 
 
 def print_catalog(what: str, fmt: str, platforms_file: str | None = None) -> None:
@@ -18,41 +33,45 @@ def print_catalog(what: str, fmt: str, platforms_file: str | None = None) -> Non
         if fmt == "json":
             print(json.dumps([asdict(a) for a in rows], indent=2, default=str))
             return
-        t = Table(title="accelerators (memory per device, GiB = 2^30 bytes)", show_edge=False)
-        for col in ("id", "name", "devices", "memory/device", "bandwidth", "fp16/bf16 TFLOP/s",
-                    "bf16", "FA2", "as of"):
-            t.add_column(col)
+        cols = [Col("id", key=True), Col("name", priority=1), Col("devices", "right", priority=3),
+                Col("memory/device", "right", priority=9), Col("bandwidth", "right", priority=5),
+                Col("fp16/bf16 TFLOP/s", "right", priority=6), Col("bf16", priority=7),
+                Col("FA2", priority=4), Col("as of", priority=2)]
+        body = []
         for a in rows:
             half = max(a.peak_flops("fp16"), a.peak_flops("bf16"))
-            t.add_row(a.id, a.name, str(a.devices_per_unit), fmt_bytes(a.usable_memory_bytes),
-                      f"{a.memory_bandwidth_bytes_per_s / 1e9:.0f} GB/s",
-                      f"{half / 1e12:.1f}", "yes" if a.supports_bf16 else "no",
-                      "yes" if a.flash_attention_2 else "no", a.as_of)
-        c.print(t)
+            body.append([escape(a.id), escape(a.name), str(a.devices_per_unit),
+                         fmt_bytes(a.usable_memory_bytes),
+                         f"{a.memory_bandwidth_bytes_per_s / 1e9:,.0f} GB/s",
+                         f"{half / 1e12:,.1f}", "yes" if a.supports_bf16 else "no",
+                         "yes" if a.flash_attention_2 else "no", escape(str(a.as_of))])
+        c.print(fit_table(cols, body, c.width,
+                          "accelerators (memory per device, GiB = 2^30 bytes)"))
     elif what == "platforms":
         from ..platforms import load_platforms
         plats = list(load_platforms(platforms_file).values())
         if fmt == "json":
             print(json.dumps([asdict(p) for p in plats], indent=2, default=str))
             return
-        t = Table(title="platforms", show_edge=False)
-        for col in ("id", "accelerator", "status", "session", "weekly quota", "$/h", "as of"):
-            t.add_column(col)
-        for p in plats:
-            t.add_row(p.id, f"{p.accelerator_count} x {p.accelerator_id}", p.status,
-                      f"{p.session_max_s / 3600:.0f} h" if p.session_max_s else "-",
-                      f"{p.weekly_quota_s / 3600:.0f} h" if p.weekly_quota_s else "-",
-                      f"{p.usd_per_hour:.2f}" if p.usd_per_hour is not None else "-", p.as_of)
-        c.print(t)
+        cols = [Col("id", key=True), Col("accelerator", priority=9), Col("status", priority=8),
+                Col("session", "right", priority=6), Col("weekly quota", "right", priority=5),
+                Col("$/h", "right", priority=7), Col("as of", priority=1)]
+        body = [[escape(p.id), escape(f"{p.accelerator_count} x {p.accelerator_id}"), escape(p.status),
+                 fmt_seconds(p.session_max_s) if p.session_max_s else "-",
+                 fmt_seconds(p.weekly_quota_s) if p.weekly_quota_s else "-",
+                 fmt_usd(p.usd_per_hour), escape(str(p.as_of))] for p in plats]
+        c.print(fit_table(cols, body, c.width, "platforms"))
     else:
         from ..models.hf import bundled_index
         rows = list(bundled_index().values())
         if fmt == "json":
             print(json.dumps(rows, indent=2))
             return
-        t = Table(title="bundled Hugging Face configs (hf:<id>)", show_edge=False)
-        for col in ("id", "kind", "class", "params"):
-            t.add_column(col)
-        for r in rows:
-            t.add_row(r["hub_id"], r["kind"], r["auto_class"], r["published_params"] or "")
-        c.print(t)
+        cols = [Col("id", key=True), Col("kind", priority=2), Col("class", priority=1),
+                Col("params", "right", priority=3)]
+        body = [[escape(r["hub_id"]), escape(r["kind"]), escape(r["auto_class"]), model_params(r)]
+                for r in rows]
+        c.print(fit_table(cols, body, c.width, "bundled Hugging Face configs (hf:<id>)"))
+        if any("(built)" in b[3] for b in body):
+            c.print("[dim]params (built): the model card publishes no total; the count is that of "
+                    "the model the bundled config builds (head included)[/dim]")

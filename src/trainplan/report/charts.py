@@ -190,10 +190,50 @@ def _y_axis(x: float, y0: float, y1: float, ticks, scale, label: str) -> list[st
     return out
 
 
+LABEL_SIZE = 11
+LABEL_H = 13          # a label's line height at LABEL_SIZE
+
+
+def label_box(x: float, y: float, anchor: str, text: str, size: float = LABEL_SIZE
+              ) -> tuple[float, float, float, float]:
+    """(left, top, right, bottom) of a text label drawn at baseline (x, y), by the same glyph
+    width the layout uses (CHAR_W at 12 px, scaled to `size`)."""
+    w = CHAR_W * size / FONT * len(text)
+    left = x - w if anchor == "end" else x - w / 2 if anchor == "middle" else x
+    return left, y - size * 0.8, left + w, y + size * 0.25
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def place_labels(wanted, top: float, bottom: float):
+    """Labels moved apart vertically so that no two boxes overlap: each label, in the order of
+    its wanted height (ties by text, so the layout is deterministic), takes the nearest free
+    height, trying offsets of one line up, one down, two up... within [top, bottom] where it
+    can. `wanted`: (x, y, anchor, text, *rest); returns the same tuples with y moved."""
+    placed: list[tuple] = []
+    boxes: list[tuple[float, float, float, float]] = []
+    for w in sorted(wanted, key=lambda w: (w[1], w[0], w[3])):
+        x, y0, anchor, text = w[:4]
+        for k in range(0, 400):
+            step = (k + 1) // 2 * (1 if k % 2 == 0 else -1)   # 0, -1, +1, -2, +2 ...
+            y = y0 + step * (LABEL_H + 1)
+            if k < 200 and not (top <= y <= bottom):
+                continue
+            box = label_box(x, y, anchor, text)
+            if not any(_overlap(box, b) for b in boxes):
+                break
+        boxes.append(box)
+        placed.append((x, y, anchor, text, *w[4:]))
+    return placed
+
+
 def scatter(title: str, points: list[Point], x_label: str, y_label: str, height: float = 320,
             chart_id: str = "scatter", width: float = WIDTH) -> str:
     """Labelled points on axes from zero. Points at the same spot share one marker and stack
-    their labels, so no label hides another."""
+    their labels; labels of nearby points are moved apart vertically (`place_labels`), with a
+    leader line to the marker when a label moved, so no label hides another."""
     x0, x1, y0, y1 = _plot_area(width, height)
     xt = nice_ticks(0, max([p.x for p in points] + [1e-9]))
     yt = nice_ticks(0, max([p.y for p in points] + [1e-9]))
@@ -205,6 +245,7 @@ def scatter(title: str, points: list[Point], x_label: str, y_label: str, height:
     spots: dict[tuple[int, int], list[Point]] = {}
     for p in points:
         spots.setdefault((round(sx(p.x) / 6), round(sy(p.y) / 6)), []).append(p)
+    wanted = []            # (x, y baseline, anchor, text, marker x, marker y)
     for i, group in enumerate(spots.values()):
         cx, cy = sx(group[0].x), sy(group[0].y)
         tip = "; ".join(f"{p.label}: {fmt_tick(round(p.x, 2))}, {fmt_tick(round(p.y, 2))}" for p in group)
@@ -213,7 +254,13 @@ def scatter(title: str, points: list[Point], x_label: str, y_label: str, height:
         anchor = "end" if cx > (x0 + x1) / 2 else "start"
         dx = -8 if anchor == "end" else 8
         for k, p in enumerate(group):
-            body.append(_text(cx + dx, cy - 6 - 13 * k, p.label, anchor=anchor, size=11))
+            wanted.append((cx + dx, cy - 6 - LABEL_H * k, anchor, p.label, cx, cy, cy - 6 - LABEL_H * k))
+    for x, y, anchor, label, cx, cy, y_wanted in place_labels(wanted, top=y0 + LABEL_H, bottom=y1 - 2):
+        if abs(y - y_wanted) > LABEL_H / 2:  # moved away from its marker: a leader line to it
+            lx = x + (4 if anchor == "end" else -4)
+            body.append(f'<line class="leader" x1="{_n(cx)}" y1="{_n(cy)}" x2="{_n(lx)}" '
+                        f'y2="{_n(y - 4)}" stroke="#888" stroke-width="0.8"/>')
+        body.append(_text(x, y, label, anchor=anchor, size=LABEL_SIZE, extra=' class="point-label"'))
     body += _x_axis(x0, x1, y1, xt, sx, x_label)
     body += _y_axis(x0, y0, y1, yt, sy, y_label)
     return _svg(title, height, body, chart_id, width)

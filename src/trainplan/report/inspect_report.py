@@ -1,10 +1,11 @@
 """`trainplan inspect` output: a per-module table and totals (memory in GiB/MiB, labelled)."""
 from __future__ import annotations
 
-from rich.table import Table
 
-from ..units import fmt_bytes, fmt_count, fmt_flops
-from .console import console
+from rich.markup import escape
+
+from ..units import fmt_bytes, fmt_count, fmt_flops, fmt_int, fmt_note, key_label
+from .console import Col, console, fit_table
 
 
 def inspect_json(tr, accel) -> dict:
@@ -39,19 +40,16 @@ def inspect_json(tr, accel) -> dict:
 def inspect_text(tr, accel, depth: int = 3) -> None:
     c = console()
     sem = tr.semantics
-    c.print(f"[bold]{tr.model}[/bold]  batch {tr.batch_size}"
-            + (f" x seq {tr.seq_len}" if tr.seq_len else "")
+    c.print(f"[bold]{escape(tr.model)}[/bold]  batch {fmt_int(tr.batch_size)}"
+            + (f" x seq {fmt_int(tr.seq_len)}" if tr.seq_len else "")
             + f"  | kernels of {accel.id}: {sem.attention} attention, "
             + (f"autocast {str(sem.autocast_dtype).replace('torch.', '')}" if sem.autocast_dtype
                else "no autocast")
             + f"  | traced in {tr.trace_seconds:.2f} s")
-    t = Table(show_edge=False, pad_edge=False)
-    t.add_column("module")
-    t.add_column("params", justify="right")
-    t.add_column("trainable", justify="right")
-    t.add_column("activations (saved)", justify="right")
-    t.add_column("fwd FLOPs", justify="right")
-    t.add_column("bwd FLOPs", justify="right")
+    cols = [Col("module", key=True), Col("params", "right", priority=5),
+            Col("trainable", "right", priority=2), Col("activations (saved)", "right", priority=4),
+            Col("fwd FLOPs", "right", priority=3), Col("bwd FLOPs", "right", priority=1)]
+    body = []
     shown = 0
     for m in tr.modules[1:]:
         if m.depth > depth:
@@ -60,17 +58,17 @@ def inspect_text(tr, accel, depth: int = 3) -> None:
             continue
         shown += 1
         if shown > 200:
-            t.add_row("...", "", "", "", "", "")
+            body.append(["...", "", "", "", "", ""])
             break
-        t.add_row("  " * (m.depth - 1) + m.name.rsplit(".", 1)[-1] if m.depth > 1 else m.name,
-                  fmt_count(m.params), fmt_count(m.trainable_params),
-                  fmt_bytes(m.activation_bytes), fmt_flops(m.flops_forward),
-                  fmt_flops(m.flops_backward))
+        name = "  " * (m.depth - 1) + m.name.rsplit(".", 1)[-1] if m.depth > 1 else m.name
+        body.append([escape(name), fmt_count(m.params), fmt_count(m.trainable_params),
+                     fmt_bytes(m.activation_bytes), fmt_flops(m.flops_forward),
+                     fmt_flops(m.flops_backward)])
     tot = tr.modules[0]
-    t.add_row("[bold]total[/bold]", fmt_count(tr.params_total), fmt_count(tr.params_trainable),
-              fmt_bytes(tr.activation_bytes), fmt_flops(tot.flops_forward),
-              fmt_flops(tot.flops_backward))
-    c.print(t)
+    body.append(["[bold]total[/bold]", fmt_count(tr.params_total), fmt_count(tr.params_trainable),
+                 fmt_bytes(tr.activation_bytes), fmt_flops(tot.flops_forward),
+                 fmt_flops(tot.flops_backward)])
+    c.print(fit_table(cols, body, c.width))
     fl = tr.flops
     c.print(f"FLOPs per micro-batch: forward {fmt_flops(sum(fl['forward'].values()))}, backward "
             f"{fmt_flops(sum(fl['backward'].values()))} (matmul "
@@ -81,6 +79,6 @@ def inspect_text(tr, accel, depth: int = 3) -> None:
     bd = tr.peak_breakdown_bytes
     c.print(f"Peak allocated on one device (memory in GiB = 2^30 bytes): "
             f"{fmt_bytes(tr.peak_allocated_bytes)} during {tr.peak_phase} = "
-            + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in bd.items() if v))
+            + ", ".join(f"{key_label(k)} {fmt_bytes(v)}" for k, v in bd.items() if v))
     for n in tr.notes:
-        c.print(f"note: {n}")
+        c.print(f"note: {escape(fmt_note(n))}")

@@ -17,12 +17,15 @@ renders it and check each number against the JSON.
 from __future__ import annotations
 
 import json
+import re
 from html import escape
 
-from ..units import fmt_bytes, fmt_int, fmt_seconds, fmt_usd, gib, time_unit
+from ..plan.verdict import headline
+from ..units import fmt_note, key_label, fmt_bytes, fmt_int, fmt_seconds, fmt_usd, gib, time_unit
 from . import charts
 from ..plan.extras import ReportExtras
-from .plan_document import document
+from .plan_document import document, resolve
+from .sources import anchor, source_entries
 from .plan_tables import (CATALOG, COST, CURVE, FIXES, HARDWARE, PERFORMANCE, SESSIONS, STORAGE,
                           VERDICTS, Cell, chosen_index, fmt_by_key, memory_columns,
                           platform_rows, problem_platforms, rows, settings_rows)
@@ -56,13 +59,16 @@ VERDICT_CLASS = {"READY": "v-ready", "READY WITH CHANGES": "v-changes", "TIGHT":
                  "RETIRED": "v-retired"}
 
 
+HTML = "html"     # a Cell whose text is already markup (links), written as it is
+
+
 def _td(c: Cell) -> str:
     cls = ' class="num"' if c.align == "right" else ""
     data = f' data-json-path="{escape(c.path)}" data-format="{c.fmt}"' if c.path else ""
     v = VERDICT_CLASS.get(c.text)
     if v:
         cls = f' class="{v}"'
-    return f"<td{cls}{data}>{escape(c.text)}</td>"
+    return f"<td{cls}{data}>{c.text if c.fmt == HTML else escape(c.text)}</td>"
 
 
 def table(headers: list[str], body: list[list[Cell]], table_id: str = "") -> str:
@@ -85,12 +91,13 @@ def _head(doc: dict) -> str:
     i = chosen_index(doc)
     best = doc["platforms"][i] if doc["platforms"] else None
     out = [f"<h1>Training plan: {escape(job['name'])}</h1>"]
-    if doc.get("winner") and best:
-        out.append(f'<p class="verdict {VERDICT_CLASS.get(best["verdict"], "")}" id="verdict">'
-                   f'{escape(best["verdict"])} on <b>{escape(best["platform_id"])}</b> '
-                   f'({escape(best["name"])})</p>')
+    h = headline(doc)
+    if h.platform_id:
+        out.append(f'<p class="verdict {VERDICT_CLASS.get(h.verdict, "")}" id="verdict">'
+                   f'{escape(h.verdict)} on <b>{escape(h.platform_id)}</b> '
+                   f'({escape(h.name)})' + (f': {escape(h.text)}' if h.text else '') + '</p>')
     else:
-        out.append('<p class="verdict v-wont" id="verdict">no platform qualifies</p>')
+        out.append(f'<p class="verdict v-wont" id="verdict">{escape(h.text)}</p>')
     out.append(f'<p id="recommendation"><b>Recommendation:</b> {escape(doc["recommendation"])}</p>')
     limits = [f"optimize for {doc['optimize']}",
               f'<span data-json-path="steps" data-format="int">{fmt_int(doc["steps"])}</span> '
@@ -172,7 +179,7 @@ def curve_charts(doc: dict) -> list[str]:
         pts = tuple((q["micro_batch_size"], gib(q["device_used_bytes"])) for q in c["points"])
         planned = next((q for q in c["points"] if q["micro_batch_size"] == c["planned_micro_batch_size"]),
                        None)
-        s = charts.Series(f"{c['accelerator_id']} x {c['devices']} device(s), accumulation {c['grad_accum']}",
+        s = charts.Series(f"{c['accelerator_id']} x {fmt_int(c['devices'])} device(s), accumulation {c['grad_accum']}",
                           pts, (planned["micro_batch_size"], gib(planned["device_used_bytes"]))
                           if planned else None, "planned" if planned else "")
         out.append(charts.line_chart(
@@ -228,8 +235,8 @@ def _curves(doc: dict) -> list[str]:
     out = []
     for k, c in enumerate(doc.get("memory_vs_micro_batch") or []):
         out.append(f"<h3>{escape(c['platform_id'])}</h3><p>{escape(c['accelerator_id'])}, "
-                   f"{c['devices']} device(s), capacity {fmt_bytes(c['capacity_bytes'])}, planned "
-                   f"micro-batch {c['planned_micro_batch_size']} x {c['grad_accum']} accumulation</p>")
+                   f"{fmt_int(c['devices'])} device(s), capacity {fmt_bytes(c['capacity_bytes'])}, planned "
+                   f"micro-batch {fmt_int(c['planned_micro_batch_size'])} x {fmt_int(c['grad_accum'])} accumulation</p>")
         bases = [f"memory_vs_micro_batch[{k}].points[{j}]" for j in range(len(c["points"]))]
         out.append(_cols_table(doc, bases, CURVE))
     return out or ["<p>Not computed for this report (it needs the plan's traces).</p>"]
@@ -269,15 +276,41 @@ def _checklist(doc: dict) -> list[str]:
 
 
 def _assumptions(doc: dict) -> list[str]:
-    items = [f"{k.replace('_', ' ')}: {fmt_by_key(k, v)}" for k, v in doc["assumptions"].items()]
+    items = [f"{key_label(k)}: {fmt_by_key(k, v)}" for k, v in doc["assumptions"].items()]
     items += ["memory in GiB (2^30 bytes), per device, as nvidia-smi shows it (allocator reserve "
               "and CUDA context included)", f"plan schema_version {doc['schema_version']}"]
-    items += [f"note: {n}" for n in doc.get("notes", [])]
+    items += [f"note: {fmt_note(n)}" for n in doc.get("notes", [])]
     out = ["<ul>" + "".join(f"<li>{escape(s)}</li>" for s in items) + "</ul>"]
     if doc.get("catalog"):
         bases = [f"catalog[{j}]" for j in range(len(doc["catalog"]))]
-        out += ["<p>Catalog rows the numbers rest on:</p>", _cols_table(doc, bases, CATALOG, "catalog")]
+        body = []
+        for base, r in zip(bases, rows(doc, bases, CATALOG)):
+            ids = resolve(doc, base)["sources"]
+            links = ", ".join(f'<a href="#{anchor(i)}">{escape(i)}</a>' for i in ids) or "-"
+            body.append(r[:-1] + [Cell(links, None, HTML, "left")])
+        out += ["<p>Catalog rows the numbers rest on:</p>",
+                table([c.header for c in CATALOG], body, "catalog"), *_sources(doc)]
     return out
+
+
+def _offline(text: str) -> str:
+    """A quoted source without its URL schemes: the page stays self-contained (no link out;
+    the address still reads as one)."""
+    return re.sub(r"https?://", "", text)
+
+
+def _sources(doc: dict) -> list[str]:
+    """The sources the catalog rows cite, each row with the id the catalog's links point at."""
+    cited = list(dict.fromkeys(i for r in doc.get("catalog", []) for i in r["sources"]))
+    if not cited:
+        return []
+    entries = source_entries()
+    trs = "\n".join(f'<tr id="{anchor(i)}"><td>{escape(i)}</td><td>'
+                     f'{escape(_offline(entries.get(i, "not in data/SOURCES.md")))}</td></tr>'
+                     for i in cited)
+    return ["<p>Sources cited (from data/SOURCES.md):</p>",
+            f'<div class="wrap"><table id="sources">\n<tr><th>id</th><th>source</th></tr>\n{trs}\n'
+            "</table></div>"]
 
 
 def embedded_json(doc: dict) -> str:

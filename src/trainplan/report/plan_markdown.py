@@ -19,7 +19,8 @@ from .plan_document import document
 from .plan_tables import (CATALOG, COST, CURVE, FIXES, HARDWARE, PERFORMANCE, SESSIONS, STORAGE,
                           VERDICTS, Cell, chosen_index, fmt_by_key, memory_columns,
                           platform_rows, problem_platforms, rows, settings_rows)
-from ..units import fmt_bytes, fmt_int, fmt_seconds, fmt_usd
+from ..plan.verdict import headline
+from ..units import fmt_note, key_label, fmt_bytes, fmt_int, fmt_seconds, fmt_usd
 
 SECTIONS = ("Verdicts", "Hardware compared", "The job's settings", "Memory per device",
             "Memory against micro-batch", "Predicted performance", "Sessions, quota and cost",
@@ -52,10 +53,12 @@ def _head(doc: dict) -> list[str]:
     i = chosen_index(doc)
     best = doc["platforms"][i] if doc["platforms"] else None
     out = [f"# Training plan: {job['name']}", ""]
-    if doc.get("winner") and best:
-        out.append(f"**Verdict:** {best['verdict']} on **{best['platform_id']}** ({best['name']})")
+    h = headline(doc)
+    if h.platform_id:
+        out.append(f"**Verdict:** {h.verdict} on **{h.platform_id}** ({h.name})"
+                   + (f": {h.text}" if h.text else ""))
     else:
-        out.append("**Verdict:** no platform qualifies")
+        out.append(f"**Verdict:** {h.text}")
     out += ["", f"**Recommendation:** {doc['recommendation']}", ""]
     limits = [f"optimize for {doc['optimize']}", f"{fmt_int(doc['steps'])} optimizer steps "
               f"({doc['steps_source']})", f"global batch {fmt_int(doc['target_batch'])}"]
@@ -91,9 +94,9 @@ def _curves(doc: dict) -> list[str]:
     out = ["Device memory is affine in the micro-batch for a fixed input shape; points between "
            "two traced micro-batches are interpolated (an upper bound)."]
     for k, c in enumerate(curves):
-        out += ["", f"**{c['platform_id']}** ({c['accelerator_id']}, {c['devices']} device(s), "
+        out += ["", f"**{c['platform_id']}** ({c['accelerator_id']}, {fmt_int(c['devices'])} device(s), "
                     f"capacity {fmt_bytes(c['capacity_bytes'])}, planned micro-batch "
-                    f"{c['planned_micro_batch_size']} x {c['grad_accum']} accumulation)", ""]
+                    f"{fmt_int(c['planned_micro_batch_size'])} x {fmt_int(c['grad_accum'])} accumulation)", ""]
         bases = [f"memory_vs_micro_batch[{k}].points[{j}]" for j in range(len(c["points"]))]
         out.append(_cols_table(doc, bases, CURVE))
     return out
@@ -130,11 +133,11 @@ def _checklist(doc: dict) -> list[str]:
 
 
 def _assumptions(doc: dict) -> list[str]:
-    out = [f"- {k.replace('_', ' ')}: {fmt_by_key(k, v)}" for k, v in doc["assumptions"].items()]
+    out = [f"- {key_label(k)}: {fmt_by_key(k, v)}" for k, v in doc["assumptions"].items()]
     out += ["- memory in GiB (2^30 bytes), per device, as nvidia-smi shows it (allocator "
             "reserve and CUDA context included)",
             f"- plan schema_version {doc['schema_version']}"]
-    out += [f"- note: {n}" for n in doc.get("notes", [])]
+    out += [f"- note: {fmt_note(n)}" for n in doc.get("notes", [])]
     if doc.get("catalog"):
         bases = [f"catalog[{j}]" for j in range(len(doc["catalog"]))]
         out += ["", "Catalog rows the numbers rest on:", "", _cols_table(doc, bases, CATALOG)]

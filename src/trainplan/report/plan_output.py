@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from ..errors import TrainplanError
+from ..paths import atomic_write
 from ..plan.extras import ReportExtras
 from .plan_document import document
 
@@ -62,7 +63,7 @@ def emit_plan(plan, extras: ReportExtras, fmt: str = "text", report: str | None 
         sys.stdout.write(render(plan, extras, fmt))
     if rfmt is not None:
         try:
-            Path(report).write_text(render(plan, extras, rfmt), encoding="utf-8")
+            atomic_write(report, render(plan, extras, rfmt))
         except OSError as e:
             raise TrainplanError(f"cannot write --report {report}: {e.strerror}.",
                                  fix="give a path in a directory you can write to") from e

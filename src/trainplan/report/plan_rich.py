@@ -19,12 +19,13 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from .console import console as default_console
+from .console import Col, console as default_console, fit_table
 from ..plan.extras import ReportExtras
 from .plan_document import document
 from .plan_tables import (COST, PERFORMANCE, SESSIONS, VERDICTS, Column, chosen_index,
                           fmt_by_key, memory_columns, platform_rows, rows)
-from ..units import fmt_int, fmt_seconds, fmt_usd
+from ..plan.verdict import headline
+from ..units import fmt_note, fmt_int, fmt_seconds, fmt_usd, key_label
 
 FIRST_SCREEN = 12     # platforms in the first table; the rest follow below it
 DETAILS = 6           # platforms in the detail tables
@@ -41,14 +42,46 @@ def _styled(text: str) -> str:
     return f"[{s}]{escape(text)}[/{s}]" if s else escape(text)
 
 
-def rich_table(doc: dict, bases: list[str], cols: tuple[Column, ...], title: str = "") -> Table:
-    t = Table(title=title or None, title_justify="left", show_edge=False, pad_edge=False,
-              header_style="bold")
-    for c in cols:
-        t.add_column(c.header, justify="right" if c.align == "right" else "left")
-    for r in rows(doc, bases, cols):
-        t.add_row(*(_styled(c.text) for c in r))
-    return t
+# Which columns stay when the terminal is narrow: higher stays longer; the platform id is the
+# key (never cut, never left out). Headers not named here go first.
+PRIORITY = {
+    "verdict": 20, "time to finish": 18, "cost": 17, "total": 17, "memory / device": 16,
+    "device used": 16, "capacity": 15, "headroom": 14, "step time": 16, "training time": 15,
+    "micro-batch x accum x devices": 12, "sessions": 14, "accelerator time": 13,
+    "weeks of quota": 12, "price / hour": 14, "accelerator hours": 13, "within budget": 12,
+    "meets deadline": 12, "accelerator": 10, "samples/s": 11, "tokens/s": 10, "MFU": 9,
+    "bound": 6, "steps": 5, "session limit": 8, "weekly quota": 7, "overhead / session": 6,
+    "checkpoint every (steps)": 4, "compute": 6, "subscription": 5, "compute units": 4, "#": 3,
+}
+KEYS = ("platform",)
+
+
+def rich_table(doc: dict, bases: list[str], cols: tuple[Column, ...], title: str = "",
+               width: int = 80):
+    """The table laid out for `width` columns (report/console.py: ids whole, low-priority
+    columns left out and named when it is narrow)."""
+    spec = [Col(c.header, "right" if c.align == "right" else "left", key=c.header in KEYS,
+                priority=PRIORITY.get(c.header, 0)) for c in cols]
+    body = [[_styled(c.text) for c in r] for r in rows(doc, bases, cols)]
+    return fit_table(spec, body, width, title)
+
+
+def _items(lines: list[tuple[str, str]], indent: int = 2) -> Table:
+    """(mark, text) lines with a hanging indent: wrapped text stays right of its mark."""
+    g = Table.grid(padding=(0, 1, 0, 0))
+    g.add_column(width=indent, no_wrap=True)
+    g.add_column(no_wrap=True)
+    g.add_column(overflow="fold")
+    for mark, text in lines:
+        g.add_row("", mark, text)
+    return g
+
+
+def _info_findings(p: dict) -> list[tuple[str, str]]:
+    """The information-level findings (precision substitutions and the like), which the
+    checklist does not carry, as compact lines."""
+    return [(MARK["info"], escape(f["message"] + (f" -> {f['fix']}" if f.get("fix") else "")))
+            for f in p.get("findings", []) if f["severity"] == "info"]
 
 
 def _headline(doc: dict) -> Panel:
@@ -56,11 +89,12 @@ def _headline(doc: dict) -> Panel:
     best = doc["platforms"][i] if doc["platforms"] else None
     job = doc["job"]
     lines = []
-    if doc.get("winner") and best:
-        lines.append(f"{_styled(best['verdict'])} on [bold]{escape(best['platform_id'])}[/bold] "
-                     f"({escape(best['name'])})")
+    h = headline(doc)
+    if h.platform_id:
+        lines.append(f"{_styled(h.verdict)} on [bold]{escape(h.platform_id)}[/bold] "
+                     f"({escape(h.name)})" + (f": {escape(h.text)}" if h.text else ""))
     else:
-        lines.append("[bold red]no platform qualifies[/bold red]")
+        lines.append(f"[bold red]{escape(h.text)}[/bold red]")
     lines.append(f"[bold]Recommendation:[/bold] {escape(doc['recommendation'])}")
     plan_for = [f"optimize for {doc['optimize']}", f"{fmt_int(doc['steps'])} steps",
                 f"global batch {fmt_int(doc['target_batch'])}"]
@@ -69,33 +103,37 @@ def _headline(doc: dict) -> Panel:
     if doc.get("deadline_s") is not None:
         plan_for.append(f"deadline {fmt_seconds(doc['deadline_s'])}")
     lines.append("[dim]" + escape("; ".join(plan_for)) + "[/dim]")
+    body: list = ["\n".join(lines)]
     if best and best["changes"] and doc.get("winner"):
-        lines.append("[bold]Changes:[/bold]")
-        lines += [f"  {k}. {escape(c)}" for k, c in enumerate(best["changes"], 1)]
-    return Panel("\n".join(lines), title=f"Training plan: {escape(job['name'])}", title_align="left")
+        body += ["[bold]Changes:[/bold]",
+                 _items([(f"{k}.", escape(c)) for k, c in enumerate(best["changes"], 1)])]
+    return Panel(Group(*body), title=f"Training plan: {escape(job['name'])}", title_align="left")
 
 
 def _checklist(doc: dict) -> Group:
     p = doc["platforms"][chosen_index(doc)]
-    lines = [f"[bold]Launch checklist for {escape(p['platform_id'])}[/bold]"]
-    lines += [f"  {MARK.get(c['status'], '?')} {escape(c['text'])}" for c in p["checklist"]]
-    return Group(*lines)
+    lines = [(MARK.get(c["status"], "?"), escape(c["text"])) for c in p["checklist"]]
+    return Group(f"[bold]Launch checklist for {escape(p['platform_id'])}[/bold]",
+                 _items(lines + _info_findings(p)))
 
 
-def _problems(doc: dict, limit: int) -> list[str]:
+def _problems(doc: dict, limit: int) -> list:
     out = []
     for p in doc["platforms"][:limit]:
         issues = [c for c in p["checklist"] if c["status"] in ("fail", "warn")]
-        if p["verdict"] == "RETIRED" or not (p["fixes"] or issues):
+        infos = _info_findings(p)
+        if p["verdict"] == "RETIRED" or not (p["fixes"] or issues or infos):
             continue
         out.append(f"[bold]{escape(p['platform_id'])}[/bold]: {_styled(p['verdict'])}")
+        lines = []
         for f in p["fixes"]:
             state = "fits" if f["fits"] else "does not fit yet"
             mb = f["micro_batch_size"]
-            result = f"micro-batch {mb}, {state}" if mb is not None else "not planned"
-            out.append(f"  fix: {escape(f['title'])} -> {result}"
-                       + (f" ({escape(f['note'])})" if f["note"] else ""))
-        out += [f"  {MARK[c['status']]} {escape(c['text'])}" for c in issues]
+            result = f"micro-batch {fmt_int(mb)}, {state}" if mb is not None else "not planned"
+            lines.append(("fix:", escape(f"{f['title']} -> {result}"
+                                         + (f" ({f['note']})" if f["note"] else ""))))
+        lines += [(MARK[c["status"]], escape(c["text"])) for c in issues]
+        out.append(_items(lines + infos))
     return out
 
 
@@ -103,24 +141,25 @@ def plan_rich(plan, extras: ReportExtras | None = None, console: Console | None 
               doc: dict | None = None) -> None:
     """Print the plan: first screen (verdict, recommendation, verdicts), then details."""
     c = console or default_console()
+    w = c.width
     doc = doc or document(plan, extras)
     every = platform_rows(doc)
     c.print(_headline(doc))
-    c.print(rich_table(doc, every[:FIRST_SCREEN], VERDICTS, "Verdicts, best first"))
+    c.print(rich_table(doc, every[:FIRST_SCREEN], VERDICTS, "Verdicts, best first", w))
     if len(every) > FIRST_SCREEN:
         c.print(f"[dim]... {len(every) - FIRST_SCREEN} more platforms below[/dim]")
     top = platform_rows(doc, include_retired=False)[:DETAILS]
     fitting = [b for b in top if doc["platforms"][int(b[10:-1])]["sessions"] is not None]
     memory = tuple(col for col in memory_columns(doc) if col.header not in TERMINAL_SKIPS)
     c.print()
-    c.print(rich_table(doc, top, memory, "Memory per device (GiB = 2^30 bytes)"))
+    c.print(rich_table(doc, top, memory, "Memory per device (GiB = 2^30 bytes)", w))
     c.print()
-    c.print(rich_table(doc, top, PERFORMANCE, "Predicted performance"))
+    c.print(rich_table(doc, top, PERFORMANCE, "Predicted performance", w))
     if fitting:
         c.print()
-        c.print(rich_table(doc, fitting, SESSIONS, "Sessions and quota"))
+        c.print(rich_table(doc, fitting, SESSIONS, "Sessions and quota", w))
         c.print()
-        c.print(rich_table(doc, fitting, COST, "Cost"))
+        c.print(rich_table(doc, fitting, COST, "Cost", w))
     problems = _problems(doc, DETAILS)
     if problems:
         c.print("\n[bold]Problems and fixes[/bold]")
@@ -130,11 +169,11 @@ def plan_rich(plan, extras: ReportExtras | None = None, console: Console | None 
     c.print(_checklist(doc))
     if len(every) > FIRST_SCREEN:
         c.print()
-        c.print(rich_table(doc, every[FIRST_SCREEN:], VERDICTS, "The other platforms"))
-    c.print("\n[dim]" + escape("; ".join(f"{k.replace('_', ' ')}: {fmt_by_key(k, v)}"
+        c.print(rich_table(doc, every[FIRST_SCREEN:], VERDICTS, "The other platforms", w))
+    c.print("\n[dim]" + escape("; ".join(f"{key_label(k)}: {fmt_by_key(k, v)}"
                                          for k, v in doc["assumptions"].items())) + "[/dim]")
     for n in doc.get("notes", []):
-        c.print(f"[dim]note: {escape(n)}[/dim]")
+        c.print(f"[dim]note: {escape(fmt_note(n))}[/dim]")
     dates = sorted({r["platform_as_of"] for r in doc.get("catalog", []) if r["platform_as_of"]}
                    | {r["accelerator_as_of"] for r in doc.get("catalog", []) if r["accelerator_as_of"]})
     if dates:

@@ -32,9 +32,9 @@ def workers_available() -> int:
 
 
 def _run(request) -> Trace | tuple:
-    job, sem, batch = request
+    job, sem, batch, depth = request
     try:
-        return trace_step(job, sem, batch)
+        return trace_step(job, sem, batch, depth=depth)
     except TrainplanError as e:   # keyword-only fields: sent back as a plain tuple
         return ("error", e.what, e.allowed, e.fix)
 
@@ -57,7 +57,8 @@ def _pool(n: int):
 
 
 def trace_all(requests: list[tuple]) -> list[Trace | TrainplanError]:
-    """Trace each (job, KernelSemantics, batch); a failure comes back as its TrainplanError."""
+    """Trace each (job, KernelSemantics, batch, depth: blocks kept or None, trace/depth.py); a
+    failure comes back as its TrainplanError."""
     n = min(len(requests), workers_available())
     if n >= 2 and "fork" in multiprocessing.get_all_start_methods():
         results = _pool(workers_available()).map(_run, requests, chunksize=1)

@@ -30,6 +30,7 @@ from ..models.lora import apply_lora
 from . import moe
 from .checkpointing import apply_checkpointing
 from .counters import CATEGORIES, OpRecord, StepCounter
+from .depth import Stack, cut
 from .optimizers import build_optimizer
 from .semantics import KernelSemantics, TargetSemantics
 
@@ -126,6 +127,7 @@ class Trace:
     expert_trainable_bytes: int = 0
     moe_dispatch_elements: int = 0    # T x k x hidden over MoE layers: one all-to-all's payload
     hidden_size: int = 0              # the model's hidden size where it has one (0: unknown)
+    stack: Stack | None = None        # traced with its repeated blocks cut (trace/depth.py)
     # values the prediction layer derives from this trace alone (its op table, the allocator
     # replay), memoised so that every accelerator and strategy reuses them; never compared
     derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -211,16 +213,20 @@ _traced_before = False  # set once this process has traced a step
 
 
 def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
-               extra_mode=None, routing: moe.Routing | None = None) -> Trace:
+               extra_mode=None, routing: moe.Routing | None = None,
+               depth: int | None = None) -> Trace:
     """Trace one optimizer step of `job` at micro-batch `batch_size` (default job.batch_size).
 
     `extra_mode`, if given, is a dispatch mode entered inside the fake mode for the whole step
     (tests use PyTorch's MemTracker to cross-check the live-memory peak). `routing` is the MoE
-    routing assumption (trace/moe.py), by default the job's.
+    routing assumption (trace/moe.py), by default the job's. `depth`: trace only the first
+    `depth` blocks of the model's repeated stack (trace/depth.py; the whole model where it has
+    none); the trace's `stack` says so.
     """
     t0 = time.perf_counter()
     batch = batch_size or job.batch_size
     bundle = build_model(job, attention=semantics.attention)
+    stack = cut(bundle.module, depth) if depth else None
     bundle.notes.extend(moe.configure(bundle.module, routing or moe.routing_for(job),
                                       moe.top_k_of(getattr(bundle.module, "config", None))))
     lora_names, _ = prepare_model(job, bundle)
@@ -285,7 +291,7 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
 
     return _summarise(job, bundle, semantics, batch, counter, model, grad_bytes, state_bytes,
                       activation_bytes, weight_cast_bytes, act_by_module, blocks, lora_names,
-                      time.perf_counter() - t0)
+                      time.perf_counter() - t0, stack)
 
 
 def _warm_optimizer(job, params, counter: StepCounter):
@@ -368,7 +374,7 @@ def _untraceable(name: str, e: Exception) -> TrainplanError:
 
 def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_bytes,
                state_bytes, activation_bytes, weight_cast_bytes, act_by_module, blocks,
-               lora_names, seconds) -> Trace:
+               lora_names, seconds, stack=None) -> Trace:
     total, trainable = count_parameters(model)
     uniq = {id(p): p for p in model.parameters()}.values()
     weight_bytes = sum(p.numel() * p.element_size() for p in uniq) + \
@@ -415,7 +421,8 @@ def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_
         recompute_flops=recompute, ops=list(counter.records), modules=rows,
         timeline=_downsample(counter.timeline), alloc_events=counter.events,
         memory_log=counter.memory_log,
-        checkpointed_blocks=blocks, lora_modules=lora_names, trace_seconds=seconds, notes=notes)
+        checkpointed_blocks=blocks, lora_modules=lora_names, trace_seconds=seconds, notes=notes,
+        stack=stack)
 
 
 def _unit_bytes(model) -> tuple[int, int]:

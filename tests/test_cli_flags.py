@@ -1,0 +1,238 @@
+"""Flags of issue 18: --version, --verbose, `inspect --model`, --check (exit 1 when the job does
+not fit), --quiet (no progress display), and `plan --gpu/--gpus` choosing the platforms."""
+from __future__ import annotations
+
+import json
+from importlib import metadata
+from types import SimpleNamespace
+
+import pytest
+from plan_examples import run_cli
+
+from trainplan.cli.main import build_parser, main
+from trainplan.cli.plan_cmd import runnable
+from trainplan.plan.build import platforms_with
+from trainplan.platforms import load_platforms
+
+TINY = """\
+name: tiny
+model: {hidden_size: 64, num_layers: 2, num_heads: 4, intermediate_size: 128, vocab_size: 256}
+batch_size: 4
+seq_len: 32
+steps: 100
+"""
+# ~0.4 B parameters (a 400k vocabulary): fp32 weights + Adam do not fit a 4 GB laptop GPU
+TOO_BIG = """\
+name: too-big
+model: {hidden_size: 1024, num_layers: 4, num_heads: 8, intermediate_size: 4096, vocab_size: 400000}
+batch_size: 1
+seq_len: 32
+steps: 10
+"""
+MODULE = """\
+import torch
+class M(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__(); self.l = torch.nn.Linear(4, n)
+    def forward(self, x):
+        return self.l(x).sum()
+def build():
+    return M({n})
+"""
+
+
+@pytest.fixture(autouse=True)
+def _one_process(monkeypatch):
+    monkeypatch.setenv("TRAINPLAN_JOBS", "1")
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    return str(path)
+
+
+run = run_cli
+
+
+# --- --version, --verbose -----------------------------------------------------------------------
+def test_version_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"trainplan {metadata.version('trainplan')}"
+
+
+def test_verbose_before_or_after_the_command():
+    p = build_parser()
+    assert p.parse_args(["--verbose", "catalog"]).verbose is True
+    assert p.parse_args(["catalog", "--verbose"]).verbose is True
+    assert p.parse_args(["plan", "-v"]).verbose is True
+    assert p.parse_args(["catalog"]).verbose is False
+
+
+# --- inspect --model / job file -----------------------------------------------------------------
+@pytest.fixture
+def py_models(tmp_path):
+    for name, n in (("a", 4), ("b", 8)):
+        (tmp_path / f"{name}.py").write_text(MODULE.format(n=n))
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model: py:{tmp_path / 'a.py'}:build\n"
+                   "inputs:\n  - {name: x, shape: [batch, 4], dtype: float32}\n")
+    return tmp_path, str(job)
+
+
+def _params(capsys, *argv) -> int:
+    code, out, err = run(capsys, "inspect", *argv, "--format", "json")
+    assert code == 0, err
+    return json.loads(out)["params"]["total"]
+
+
+def test_inspect_accepts_model_and_job_file_like_estimate(capsys, py_models):
+    d, job = py_models
+    b = f"py:{d / 'b.py'}:build"
+    assert _params(capsys, job) == 4 * 4 + 4                      # job file positional
+    assert _params(capsys, job, "--model", b) == 4 * 8 + 8        # --model overrides the file
+    assert _params(capsys, "--model", b, "--job", job) == 40
+    assert _params(capsys, b, "--job", job) == 40                 # model positional, as before
+
+
+def test_inspect_two_different_models_is_bad_input(capsys, py_models):
+    d, job = py_models
+    code, _, err = run(capsys, "inspect", f"py:{d / 'a.py'}:build", "--model",
+                       f"py:{d / 'b.py'}:build", "--job", job)
+    assert code == 2 and "Two models" in err
+
+
+# --- --check ------------------------------------------------------------------------------------
+def test_estimate_check_exits_1_only_when_it_does_not_fit(capsys, tmp_path, tiny):
+    big = tmp_path / "big.yaml"
+    big.write_text(TOO_BIG)
+    code, out, _ = run(capsys, "estimate", str(big), "--gpu", "rtx-3050-laptop-4gb", "--check",
+                       "--format", "json")
+    assert code == 1 and json.loads(out)["fits"] is False       # still printed
+    code, out, _ = run(capsys, "estimate", str(big), "--gpu", "rtx-3050-laptop-4gb",
+                       "--format", "json")
+    assert code == 0                                             # without --check: a result
+    code, out, _ = run(capsys, "estimate", tiny, "--gpu", "t4", "--check", "--format", "json")
+    assert code == 0 and json.loads(out)["fits"] is True
+    code, _, err = run(capsys, "estimate", tiny, "--gpu", "no-such-gpu", "--check")
+    assert code == 2 and err.startswith("trainplan: error:")
+
+
+def test_plan_check(capsys, tiny):
+    code, out, _ = run(capsys, "plan", tiny, "--platforms", "kaggle-p100", "--check",
+                       "--format", "json")
+    assert code == 1                                  # retired: nowhere to run it
+    assert [p["verdict"] for p in json.loads(out)["platforms"]] == ["RETIRED"]
+    code, out, _ = run(capsys, "plan", tiny, "--platforms", "kaggle-p100", "--format", "json")
+    assert code == 0
+    code, out, _ = run(capsys, "plan", tiny, "--platforms", "kaggle-p100,colab-free-t4", "--check",
+                       "--format", "json")
+    assert code == 0
+    code, _, err = run(capsys, "plan", tiny, "--platforms", "nowhere", "--check")
+    assert code == 2
+
+
+@pytest.mark.parametrize("verdicts, ok", [
+    (["READY"], True), (["READY WITH CHANGES", "WON'T FIT"], True), (["TIGHT"], True),
+    (["WON'T FIT", "RETIRED"], False), ([], False)])
+def test_runnable(verdicts, ok):
+    plan = SimpleNamespace(platforms=[SimpleNamespace(verdict=v) for v in verdicts])
+    assert runnable(plan) is ok
+
+
+def test_check_is_in_the_help(capsys):
+    for command in ("plan", "estimate"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = capsys.readouterr().out
+        assert "--check" in out and "exit 1" in out
+    from trainplan.cli import estimate_cmd, plan_cmd
+    assert "--check" in plan_cmd.__doc__ and "--check" in estimate_cmd.__doc__
+
+
+# --- --quiet ------------------------------------------------------------------------------------
+def test_plan_quiet_has_no_progress_display(capsys, monkeypatch, tiny):
+    import trainplan.report.plan_rich as plan_rich
+    calls = []
+    real = plan_rich.tracing_progress
+
+    def spy(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+    monkeypatch.setattr(plan_rich, "tracing_progress", spy)
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")    # rich: treat stderr as a terminal
+    monkeypatch.setenv("COLUMNS", "200")
+    argv = ["plan", tiny, "--platforms", "colab-free-t4", "--format", "json"]
+    code, _, err = run(capsys, *argv)
+    assert code == 0 and calls and "tracing" in err          # on a terminal: shown
+    calls.clear()
+    code, _, err = run(capsys, *argv, "--quiet")
+    assert code == 0 and not calls and err == ""             # --quiet: none
+    monkeypatch.delenv("TTY_COMPATIBLE")
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    code, _, err = run(capsys, *argv)
+    assert code == 0 and err == ""                           # stderr not a terminal: none
+
+
+def test_estimate_accepts_quiet():
+    assert build_parser().parse_args(["estimate", "--quiet"]).quiet is True
+
+
+# --- plan --gpu / --gpus ------------------------------------------------------------------------
+def _plan(capsys, *argv):
+    code, out, err = run(capsys, "plan", *argv, "--format", "json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_plan_gpu_and_gpus_choose_the_platform_and_the_global_batch(capsys, tiny):
+    d = _plan(capsys, tiny, "--gpu", "h100", "--gpus", "4")
+    expected = [p.id for p in load_platforms().values() if p.is_current
+                and p.accelerator_id == "h100-sxm" and p.accelerator_count == 4]
+    assert expected and [p["platform_id"] for p in d["platforms"]] == expected
+    assert d["target_batch"] == 4 * 4                         # batch 4 on each of 4 devices
+    assert all(p["devices"] == 4 and p["micro_batch_size"] == 4 for p in d["platforms"])
+
+
+def test_plan_gpu_builds_a_platform_the_catalog_lacks(capsys, tiny):
+    catalog = load_platforms()
+    assert not any(p.accelerator_id == "a100-sxm4-80gb" and p.accelerator_count == 2
+                   for p in catalog.values())
+    d = _plan(capsys, tiny, "--gpu", "a100-80gb", "--gpus", "2")
+    (p,) = d["platforms"]
+    assert p["platform_id"] == "a100-sxm4-80gb-x2" and p["devices"] == 2
+    assert p["accelerator_id"] == "a100-sxm4-80gb" and d["target_batch"] == 8
+    rate = min(q.usd_per_hour / q.accelerator_count for q in catalog.values()
+               if q.is_current and q.accelerator_id == "a100-sxm4-80gb" and q.usd_per_hour > 0)
+    assert p["cost"]["usd_per_hour"] == pytest.approx(2 * rate)
+
+
+def test_platforms_with():
+    h100 = platforms_with("H100", None)
+    assert {p.accelerator_count for p in h100} >= {1, 8}
+    assert all(p.accelerator_id == "h100-sxm" and p.is_current for p in h100)
+    assert {p.accelerator_count for p in platforms_with(None, 4)} == {4}
+    built = platforms_with("t4", 3)
+    assert [p.id for p in built] == ["t4-x3"] and built[0].devices == 3
+    assert "t4-x3" not in load_platforms()
+
+
+def test_plan_gpu_bad_input_exits_2(capsys, tiny):
+    code, _, err = run(capsys, "plan", tiny, "--gpus", "3")
+    assert code == 2 and "3 accelerators" in err
+    code, _, err = run(capsys, "plan", tiny, "--gpu", "h100", "--platforms", "colab-free-t4")
+    assert code == 2 and "--platforms" in err
+    code, _, err = run(capsys, "plan", tiny, "--gpu", "h1000")
+    assert code == 2
+
+
+def test_job_file_gpu_does_not_choose_platforms(capsys, tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(TINY + "gpu: h100\ngpus: 2\nplatforms: [colab-free-t4]\n")
+    d = _plan(capsys, str(job))
+    assert [p["platform_id"] for p in d["platforms"]] == ["colab-free-t4"]
+    assert d["target_batch"] == 8
+
