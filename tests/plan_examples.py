@@ -23,7 +23,6 @@ steps: 100
 """
 
 
-@functools.cache
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of `trainplan ARGV` run in-process."""
     code = main(list(argv))
@@ -31,6 +30,7 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+@functools.cache
 def example_json(name: str) -> str:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
