@@ -1,16 +1,19 @@
 """Time `trainplan plan` on the README's and examples' plans and on a 70B job over every platform
 (issue 18's target: each under 10 s on 2 cores).
 
-Run: python scripts/bench_plan.py [--repeat N] [--only SUBSTRING] [--split]. Each run is a fresh
-process, as a user runs it (text output to /dev/null), with its wall time and the machine's load
-average before it; `--split` then runs GraphMER-SE over all platforms in-process, split into
-tracing and the rest (planning over the platforms, ranking). Numbers depend on the machine and on
+Run: python scripts/bench_plan.py [--repeat N] [--only SUBSTRING] [--split]. Each plan runs as a
+fresh process, as a user runs it (text output to /dev/null), twice: "cold" on an empty trace
+store (trace/store.py: a new machine, or changed code), then "warm" reading what the cold run
+stored (the same job planned again, with other options or platforms), each with its wall time
+and the machine's load average before it; `--split` then runs GraphMER-SE over all platforms
+in-process, split into tracing and the rest (planning over the platforms, ranking). Numbers depend on the machine and on
 what else runs on it.
 """
 import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 CMD = ["trainplan", "plan", "examples/graphmer-se.yaml", "--platforms", "all"]
@@ -80,12 +83,17 @@ def main() -> int:
         if args.only and args.only not in line:
             continue
         for i in range(args.repeat):
-            load = os.getloadavg()[0]
-            t0 = time.perf_counter()
-            r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            wall = time.perf_counter() - t0
-            status = "ok" if r.returncode == 0 else f"exit {r.returncode}: {r.stderr.strip()[-300:]}"
-            print(f"{wall:7.2f} s  load {load:.2f}  {line} ({status})")
+            with tempfile.TemporaryDirectory() as store:   # cold: an empty trace store
+                env = dict(os.environ, TRAINPLAN_TRACE_CACHE=store)
+                for run in ("cold", "warm"):
+                    load = os.getloadavg()[0]
+                    t0 = time.perf_counter()
+                    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                       text=True, env=env)
+                    wall = time.perf_counter() - t0
+                    status = ("ok" if r.returncode == 0
+                              else f"exit {r.returncode}: {r.stderr.strip()[-300:]}")
+                    print(f"{wall:7.2f} s  {run}  load {load:.2f}  {line} ({status})", flush=True)
     if args.split:
         print(split_in_process())
     return 0

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -12,6 +14,18 @@ def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", default=False,
                      help="rewrite tests/golden/* from the current code (then review the diff); "
                           "or set TRAINPLAN_UPDATE_GOLDEN=1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_trace_store(tmp_path_factory):
+    """One disk store of traces for the whole session (trace/store.py): tests that trace the
+    same job, in process or through the CLI, read it as a user's second run does. Its keys
+    cover trainplan's code, so a test only ever reads what this code traced."""
+    mp = pytest.MonkeyPatch()
+    keep = os.environ.get("TRAINPLAN_TEST_TRACE_CACHE")   # a developer's store kept across runs
+    mp.setenv("TRAINPLAN_TRACE_CACHE", keep or str(tmp_path_factory.mktemp("traces")))
+    yield
+    mp.undo()
 
 
 @pytest.fixture(autouse=True)

@@ -23,6 +23,7 @@ def estimate(argv: list[str], jobs: int, *flags: str) -> subprocess.CompletedPro
     env = {k: v for k, v in os.environ.items()
            if k not in ("TRANSFORMERS_VERBOSITY", "HF_HUB_VERBOSITY", "PYTHONWARNINGS")}
     env["TRAINPLAN_JOBS"] = str(jobs)       # 2: traces in forked workers, even on one core
+    env["TRAINPLAN_TRACE_CACHE"] = "off"    # trace here: a stored trace builds no model to warn
     return subprocess.run([sys.executable, "-m", "trainplan.cli.main", *flags, "estimate", *argv],
                           capture_output=True, text=True, timeout=600, env=env)
 

@@ -67,7 +67,7 @@ def test_markdown_leads_with_the_verdict_then_sections_in_order(planned, doc):
     assert "**Verdict:**" in md[:first_section] and "**Recommendation:**" in md[:first_section]
     assert f"**{doc['winner']}**" in md[:first_section]
     heads = [ln[3:] for ln in lines if ln.startswith("## ")]
-    assert heads == list(SECTIONS)
+    assert heads == [s for s in SECTIONS if s != "Campaign"]     # no campaign asked
 
 
 def test_markdown_tables_show_the_plans_numbers(planned, doc):
@@ -88,7 +88,8 @@ def test_markdown_of_a_plan_where_nothing_fits(planned):
     md = plan_markdown(nothing_fits(plan), extras)
     assert "**Verdict:** no platform qualifies" in md
     assert "No platform runs the job" in md
-    assert [ln[3:] for ln in md.splitlines() if ln.startswith("## ")] == list(SECTIONS)
+    assert [ln[3:] for ln in md.splitlines() if ln.startswith("## ")] == [
+        s for s in SECTIONS if s != "Campaign"]
 
 
 # --- HTML ----------------------------------------------------------------------------------------
@@ -212,17 +213,18 @@ def numeric_keys(x, parent=""):
 
 def test_json_numbers_carry_their_unit_in_the_key(doc):
     bad = [(parent, k) for parent, k in numeric_keys(doc)
-           if not (k.endswith(UNIT_SUFFIXES) or parent.endswith("_bytes") or k in COUNTS)]
+           if not (k.endswith(UNIT_SUFFIXES) or parent.endswith(("_bytes", "_s"))
+                   or k in COUNTS)]
     assert not bad, f"numeric keys without a unit: {bad}"
 
 
 def test_json_keys_are_stable(doc):
-    assert list(doc)[0] == "schema_version" and doc["schema_version"] == "1.2"
+    assert list(doc)[0] == "schema_version" and doc["schema_version"] == "1.3"
     assert {"max_micro_batch_size", "required_bytes", "precision_label", "strategy_label",
             "calibration"} <= set(doc["platforms"][0])
     assert set(doc) == {"schema_version", "job", "steps", "steps_source", "epochs", "dataset_size",
                         "target_batch", "optimize", "budget_usd", "deadline_s", "platforms",
-                        "winner", "recommendation", "assumptions", "notes",
+                        "winner", "recommendation", "assumptions", "notes", "campaign",
                         "memory_vs_micro_batch", "catalog"}
     assert set(doc["memory_vs_micro_batch"][0]) == {
         "platform_id", "accelerator_id", "devices", "grad_accum", "capacity_bytes",

@@ -7,6 +7,7 @@ training reaches (MFU of 30-60% is good). A claim above 100% of peak is impossib
 software does.
 """
 import math
+import re
 
 import pytest
 
@@ -15,6 +16,8 @@ from trainplan.predict.target import semantics_for
 from trainplan.plan.storage import checkpoint_parts
 from trainplan.predict.traces import Traces
 from trainplan.spec import load_job, validate
+
+from plan_examples import ROOT, example_doc
 
 GiB = 2**30
 
@@ -97,3 +100,75 @@ def test_a100_10_to_20x_a_t4_exceeds_both_peak_ratios():
     bw_ratio = a100.memory_bandwidth_bytes_per_s / t4.memory_bandwidth_bytes_per_s
     assert max(flops_ratio, bw_ratio) < 10
     assert math.isclose(flops_ratio, 312 / (65 * 900 / 1590), rel_tol=1e-3)
+
+
+# Seed 004 (Chart-RVR: GRPO on Qwen2.5-VL-3B, LoRA, ZeRO-3, Kaggle 2 x T4) claims ~100-150 s per
+# step and ~40-50 hours for 10K samples. examples/chart-rvr-grpo.yaml plans the whole GRPO step
+# (generation included); the plan is held to the catalog's physics, and the README says which
+# claim holds.
+T4_GPU = get_accelerator("t4")
+COMPLETION = 768          # max_completion_length in the seed's main.py
+PROMPT = 4096
+
+
+def _kaggle() -> tuple[dict, dict]:
+    doc = example_doc("chart-rvr-grpo")
+    return doc, next(p for p in doc["platforms"] if p["platform_id"] == "kaggle-t4x2")
+
+
+def floors(params: int) -> tuple[float, float]:
+    """(generation, training) lower bounds in seconds per step on a T4, from the catalog alone.
+    Generation: each of the 768 tokens reads the whole fp16 model (ZeRO-3 gathers it for
+    generation), at most at the T4's bandwidth. Training: a LoRA step's forward and input
+    gradients, 4 x params FLOPs per token of prompt + completion, at most at the fp16 peak."""
+    gen = COMPLETION * 2 * params / T4_GPU.memory_bandwidth_bytes_per_s
+    train = 4 * params * (PROMPT + COMPLETION) / T4_GPU.fp16_tensor_flops
+    return gen, train
+
+
+def test_generation_is_at_least_the_bandwidth_floor():
+    doc, p = _kaggle()
+    gen_floor, train_floor = floors(doc["job"]["params_total"])
+    phases = p["step_phases_s"]
+    assert phases["generation"] >= gen_floor
+    assert phases["training"] >= train_floor
+    assert sum(phases.values()) == pytest.approx(p["step_time_s"])
+
+
+def test_the_seed_claims_against_the_plan_and_the_readme():
+    doc, p = _kaggle()
+    steps = p["steps"]
+    assert steps == 10_000                      # 10,000 prompts x 2 generations / global batch 2
+    gen_floor, train_floor = floors(doc["job"]["params_total"])
+    # 40-50 h for the run means at most 18 s a step: below the physical floor
+    floor_hours = steps * (gen_floor + train_floor) / 3600
+    assert floor_hours > 50
+    # the seed's own two claims disagree: 10,000 steps x 100-150 s is 278-417 h, not 40-50 h
+    assert steps * 100 / 3600 > 50
+    step = p["step_time_s"]
+    per_step = "holds" if 100 <= step <= 150 else ("faster" if step < 100 else "slower")
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Seed 004's claims"):]
+    section = section[:section.index("\n## ")] if "\n## " in section else section
+    m = re.search(r"predicted step on kaggle-t4x2: ([\d.]+) s", section)
+    assert m and abs(float(m.group(1)) - step) <= 0.05 * step, "README's step time is stale"
+    assert f"100-150 s per step: {per_step}" in section
+    assert "40-50 hours: does not hold" in section
+
+
+def test_seed_000_year_of_work_in_the_readme_is_the_plans():
+    """Seed 000's "100 training runs x 10k steps" year: examples/graphmer-se.yaml's campaign, and
+    the README's table quotes it."""
+    doc = example_doc("graphmer-se")
+    c = {p["platform_id"]: p["campaign"] for p in doc["platforms"]}
+    assert doc["campaign"]["runs"] == 100 and doc["campaign"]["per"] == "year"
+    section = (ROOT / "README.md").read_text()
+    section = section[section.index("### Campaigns"):]
+    kaggle, local, colab = c["kaggle-t4x2"], c["local-rtx-3050"], c["colab-pro-tpu-v2-8"]
+    assert kaggle["total_usd"] == 0 and kaggle["quota_binds"]
+    assert f"{kaggle['calendar_s'] / 86400:.0f} days" in section
+    assert f"${local['total_usd']:.0f}: ${local['hardware_usd']:.0f}" in section
+    assert f"${local['electricity_usd']:.0f} electricity" in section
+    assert f"${colab['total_usd']:.2f} (12 months)" in section
+    cross = {x["platform_id"]: x["runs"] for x in local["crossovers"]}
+    assert cross == {"kaggle-t4x2": None, "colab-pro-tpu-v2-8": 1}

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from .accelerators import Accelerator
 from .predict import BUNDLED_ONLY, Calibration, Evaluation, Traces, evaluate, largest_micro_batch
 
-SCHEMA_VERSION = "1.2"    # 1.1: per_device.required_bytes, findings[].kind, precision_label
+SCHEMA_VERSION = "1.3"    # 1.1: per_device.required_bytes, findings[].kind, precision_label
                           # 1.2: fit, fit_margin, per_device.held_bytes, max_batch_size_with_margin
+                          # 1.3: algorithm, step_phases_s, generation
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,16 @@ def estimate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
         return Estimate(ev, None)
     return Estimate(ev, largest_micro_batch(job, accel, traces),
                     largest_micro_batch(job, accel, traces, margin=True))
+
+
+def generation_json(g) -> dict | None:
+    """A generation estimate's figures (predict/generation.py), None without generation."""
+    if g is None:
+        return None
+    return {"prefill_s": g.prefill_s, "decode_s": g.decode_s, "total_s": g.total_s,
+            "tokens_per_s": g.tokens_per_s, "kv_cache_bytes": g.kv_cache_bytes,
+            "peak_bytes": g.peak_bytes, "per_token_s_first": g.per_token_s_first,
+            "per_token_s_last": g.per_token_s_last, "bound": g.bound}
 
 
 def to_json(est: Estimate) -> dict:
@@ -77,6 +88,9 @@ def to_json(est: Estimate) -> dict:
         "findings": [f.to_dict() for f in est.findings],
         "notes": list(tr.notes),
         "step_time_s": t.step_time_s,
+        "algorithm": job.algorithm,
+        "step_phases_s": est.step_phases_s,
+        "generation": generation_json(est.generation),
         "throughput": {"samples_per_s": t.samples_per_s, "tokens_per_s": t.tokens_per_s},
         "mfu": t.mfu,
         "step_breakdown_s": dict(t.breakdown_s),
@@ -85,3 +99,14 @@ def to_json(est: Estimate) -> dict:
         "calibration": getattr(t, "calibration", None),
         "calibration_source": est.calibration,
     }
+
+
+def generation_to_json(job, accel: Accelerator, g) -> dict:
+    """`estimate --task generate` as JSON: the generation estimate and whether it fits."""
+    return {"schema_version": SCHEMA_VERSION, "task": "generate", "model": job.model_label,
+            "accelerator": accel.id, "precision": job.precision.name,
+            "sequences": g.sequences, "prompt_len": g.prompt_len,
+            "completion_len": g.completion_len, "engine": g.engine,
+            "fits": g.peak_bytes <= accel.usable_memory_bytes,
+            "capacity_bytes": accel.usable_memory_bytes, "weight_bytes": g.weight_bytes,
+            **generation_json(g), "notes": list(g.notes)}

@@ -19,9 +19,13 @@ from typing import Any
 
 import yaml
 
+from . import algorithm as algo_mod
+from . import campaign as camp_mod
 from . import precision as prec_mod
 from . import quantization as quant_mod
 from . import strategy as strat_mod
+from .algorithm import Rollout
+from .campaign import CampaignSpec
 from .errors import TrainplanError, close_matches
 from .models.reference import TransformerDims
 from .precision import FP32, Precision
@@ -65,6 +69,7 @@ class Job:
     grad_accum: int = 1
     seq_len: int | None = None
     image_size: int | None = None
+    images_per_sample: int | None = None   # vision-language models: images in each sample
     precision: Precision = FP32          # parsed from any spelling on construction
     optimizer: str = "adamw"
     grad_checkpointing: str = "none"
@@ -80,6 +85,9 @@ class Job:
     strategy: Strategy = SINGLE          # parsed from any spelling on construction
     offload: str = "none"
     expert_parallel: int = 1             # MoE: experts split over this many of the devices
+    algorithm: str = "sft"               # sft | grpo | dpo | ppo (algorithm.py)
+    rollout: Rollout | None = None       # grpo / ppo: what each step generates (algorithm.py)
+    campaign: CampaignSpec | None = None  # many runs: plan only (campaign.py)
     num_workers: int | None = None
     samples_per_s_per_worker: float | None = None
     steps: int | None = None
@@ -131,11 +139,11 @@ _SEED_KEYS = {"training_data", "run", "hardware", "checkpointing", "objectives",
 
 # The type each flat YAML key must have (checked before the Job is built, so a wrong shape is one
 # message naming the key and its line, not a TypeError deep inside).
-_INT_KEYS = ("batch_size", "grad_accum", "seq_len", "image_size", "gpus", "expert_parallel",
-             "num_workers", "steps", "dataset_size", "target_batch")
+_INT_KEYS = ("batch_size", "grad_accum", "seq_len", "image_size", "images_per_sample", "gpus",
+             "expert_parallel", "num_workers", "steps", "dataset_size", "target_batch")
 _NUMBER_KEYS = ("epochs", "samples_per_s_per_worker", "session_overhead_s", "moe_capacity_factor")
 _TEXT_KEYS = ("model", "name", "task", "optimizer", "grad_checkpointing", "checkpoint_impl",
-              "attention", "gpu", "offload")
+              "attention", "gpu", "offload", "algorithm")
 _SCALAR_KEYS = ("precision", "quantize", "strategy")   # a name; quantize may also be false
 _LIST_KEYS = ("platforms", "frozen")                  # a list of names, or one name
 
@@ -437,6 +445,14 @@ def job_from_dict(data: dict, node=None, source: str = "job", base_dir: Path | N
     if data.get("lora") is not None:
         kw["lora"] = _lora(data.pop("lora"), source)
     data.pop("lora", None)
+    if data.get("rollout") is not None:
+        kw["rollout"] = algo_mod.parse_rollout(data.pop("rollout"),
+                                               _where(source, node, "rollout"))
+    data.pop("rollout", None)
+    if data.get("campaign") is not None:
+        kw["campaign"] = camp_mod.parse_campaign(data.pop("campaign"),
+                                                 _where(source, node, "campaign"))
+    data.pop("campaign", None)
     _flat_keys(data, kw, notes, source)
     if data:
         k = next(iter(data))
@@ -493,6 +509,10 @@ def validate(job: Job) -> Job:
     _choice("attention", job.attention, ATTENTIONS)
     if job.task is not None:
         _choice("task", job.task, TASKS)
+    algo_mod.check(job.algorithm, job.rollout, job.seq_len)
+    if job.algorithm in algo_mod.GENERATES:
+        rollout = job.rollout or Rollout()
+        job = job.with_(rollout=rollout, seq_len=job.seq_len or rollout.seq_len)
     _positive_int("batch_size", job.batch_size)
     _positive_int("grad_accum", job.grad_accum)
     _positive_int("gpus", job.gpus)
@@ -504,6 +524,7 @@ def validate(job: Job) -> Job:
                              fix=f"use --expert-parallel {job.gpus} or another divisor of it")
     _positive_int("seq_len", job.seq_len, allow_none=True)
     _positive_int("image_size", job.image_size, allow_none=True)
+    _positive_int("images_per_sample", job.images_per_sample, allow_none=True)
     if job.moe_capacity_factor is not None:
         from .trace.moe import Routing
         Routing(job.moe_capacity_factor)       # raises TrainplanError for c < 1

@@ -73,10 +73,13 @@ def fmt_int(n: float | None) -> str:
 
 
 def fmt_rate(x: float | None) -> str:
-    """A throughput (samples/s, tokens/s): one decimal below 1,000, whole numbers above."""
+    """A throughput (samples/s, tokens/s): three significant figures below 10 (0.0267, never
+    a bare 0.0 for a slow step), one decimal below 1,000, whole numbers above."""
     if x is None:
         return "-"
-    return f"{x:,.1f}" if abs(x) < 1000 else f"{x:,.0f}"
+    if x == 0 or abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.3g}" if abs(x) < 10 else f"{x:,.1f}"
 
 
 def fmt_percent(x: float | None) -> str:
@@ -135,7 +138,10 @@ def fmt_tick(x: float) -> str:
 # --- labels for keys that carry their unit (`session_overhead_s`, `checkpoint_bytes`) ----------
 
 KEY_LABELS = {"checkpoint_every_max_s": "longest time between checkpoints",
-              "value_of_time_usd_per_h": "value of waiting time"}
+              "value_of_time_usd_per_h": "value of waiting time",
+              "old_policy": "old policy", "generation_engine": "vLLM's share (colocated)",
+              "generation_peak": "generation (gathered weights, KV cache)",
+              "value_model": "value model (trained)"}
 UNIT_SUFFIXES = ("_usd_per_h", "_per_s", "_bytes", "_usd", "_s")
 
 
@@ -188,3 +194,9 @@ def fmt_note(text: str) -> str:
     text = re.sub(r"\b(\w+)=(\{[^{}]*\}|\[[^\[\]]*\]|True|False|None|-?\d+(?:\.\d+)?|'[^']*')",
                   setting, text)
     return text
+
+
+def fmt_phases(phases: dict) -> str:
+    """Seconds per step by phase, the ones that take time: 'generation 23.1 s + training 45 s'."""
+    parts = [f"{key_label(k)} {fmt_seconds(v)}" for k, v in phases.items() if v > 0]
+    return " + ".join(parts) or "-"

@@ -5,8 +5,9 @@ Precedence: CLI flags > YAML file > defaults.
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from dataclasses import fields, replace
 
+from ..algorithm import ALGORITHMS, ENGINES, Rollout, parse_rollout
 from ..errors import TrainplanError
 from ..models.hub import set_allow_download
 from ..strategy import SINGLE
@@ -27,7 +28,11 @@ def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) ->
     g.add_argument("--batch-size", type=int, help="micro-batch per device")
     g.add_argument("--grad-accum", type=int, help="gradient accumulation steps")
     g.add_argument("--seq-len", type=int)
-    g.add_argument("--image-size", type=int)
+    g.add_argument("--image-size", type=int, help="image side in pixels (vision models; "
+                                                  "vision-language models: each image)")
+    g.add_argument("--images-per-sample", type=int,
+                   help="vision-language models: images in each sample (default 1 when "
+                        "--image-size is given)")
     g.add_argument("--precision", help="|".join(PRECISIONS))
     g.add_argument("--optimizer", help="|".join(OPTIMIZERS))
     g.add_argument("--grad-checkpointing", choices=CHECKPOINTING)
@@ -45,8 +50,22 @@ def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) ->
     g.add_argument("--moe-capacity-factor", type=float,
                    help="mixture-of-experts: tokens per expert = factor x the uniform share "
                         "(default: dropless, uniform routing)")
+    g.add_argument("--algorithm", help="|".join(ALGORITHMS) + " (default sft; grpo/ppo generate "
+                                       "completions every step, dpo runs chosen and rejected)")
+    g.add_argument("--generations", type=int, help="grpo/ppo: completions per prompt (TRL "
+                                                   "num_generations, default 8)")
+    g.add_argument("--prompt-len", type=int, help="grpo/ppo: prompt tokens (default 512)")
+    g.add_argument("--completion-len", type=int,
+                   help="grpo/ppo: generated tokens (TRL max_completion_length, default 256)")
+    g.add_argument("--engine", help="grpo/ppo generation: " + "|".join(ENGINES) + " (default hf: "
+                                    "model.generate in the training process)")
+    g.add_argument("--beta", type=float, help="grpo/ppo: KL coefficient; > 0 runs the reference "
+                                              "model (default 0)")
     g.add_argument("--channels-last", action="store_true", default=None)
-    g.add_argument("--task", choices=TASKS)
+    g.add_argument("--task", choices=TASKS + ("generate",),
+                   help="the model's training task; `estimate --task generate`: inference only "
+                        "(prefill + decode of --batch-size sequences, --prompt-len + "
+                        "--completion-len tokens)")
     g.add_argument("--allow-download", action="store_true",
                    help="hf:<hub id> that trainplan does not bundle: download only its "
                         "config.json from the Hugging Face Hub (also TRAINPLAN_ALLOW_DOWNLOAD=1; "
@@ -55,11 +74,15 @@ def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) ->
 
 _MAP = {"gpu": "gpu", "gpus": "gpus", "strategy": "strategy", "offload": "offload",
         "batch_size": "batch_size", "grad_accum": "grad_accum", "seq_len": "seq_len",
-        "image_size": "image_size", "precision": "precision", "optimizer": "optimizer",
+        "image_size": "image_size", "images_per_sample": "images_per_sample",
+        "precision": "precision", "optimizer": "optimizer",
         "grad_checkpointing": "grad_checkpointing", "checkpoint_impl": "checkpoint_impl",
         "attention": "attention",
         "quantize": "quantize", "channels_last": "channels_last", "task": "task",
-        "moe_capacity_factor": "moe_capacity_factor", "expert_parallel": "expert_parallel"}
+        "moe_capacity_factor": "moe_capacity_factor", "expert_parallel": "expert_parallel",
+        "algorithm": "algorithm"}
+_ROLLOUT_FLAGS = {"generations": "generations", "prompt_len": "prompt_len",
+                  "completion_len": "completion_len", "engine": "engine", "beta": "beta"}
 
 
 def job_from_args(args: argparse.Namespace, job_file: str | None = None) -> Job:
@@ -84,6 +107,14 @@ def job_from_args(args: argparse.Namespace, job_file: str | None = None) -> Job:
                                                         ("alpha", args.lora_alpha),
                                                         ("targets", args.lora_targets))
                                       if v is not None})
+    rollout = {f: getattr(args, a) for a, f in _ROLLOUT_FLAGS.items()
+               if getattr(args, a, None) is not None}
+    if rollout:
+        base = {f.name: getattr(job.rollout, f.name) for f in fields(Rollout)} if job.rollout else {}
+        kw["rollout"] = parse_rollout({**base, **rollout}, "the rollout flags")
+        if job.rollout and "seq_len" not in kw and any(k in rollout for k in ("prompt_len",
+                                                                              "completion_len")):
+            kw["seq_len"] = None      # the job file's seq_len was its old prompt + completion
     job = replace(job, **kw)
     if job.model == "transformer" and job.transformer is None:
         raise TrainplanError("No model given.",

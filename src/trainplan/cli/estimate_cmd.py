@@ -10,7 +10,7 @@ import json
 
 from ..accelerators import get_accelerator
 from ..errors import TrainplanError
-from ..estimate import estimate, to_json
+from ..estimate import estimate, generation_to_json, to_json
 from ..measure.calibrate import user_calibration
 from .common import add_job_flags, job_from_args
 
@@ -31,6 +31,8 @@ def estimate_command_parser(sub) -> None:
 
 
 def estimate_command(args: argparse.Namespace) -> int:
+    if args.task == "generate":
+        return generate_command(args)
     job = job_from_args(args, args.job_file_pos)
     if not job.gpu:
         raise TrainplanError("estimate needs an accelerator.",
@@ -43,3 +45,33 @@ def estimate_command(args: argparse.Namespace) -> int:
         from ..report.estimate_report import estimate_text
         estimate_text(est)
     return 1 if args.check and not est.fits else 0
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    """`estimate --task generate`: the generation model alone (predict/generation.py)."""
+    from ..predict.generation import estimate_generation
+    engine = args.engine or "hf"
+    if engine not in ("hf", "vllm", "vllm-colocate", "vllm-server"):
+        raise TrainplanError(f"--engine {engine!r} is not one trainplan models.",
+                             allowed="hf, vllm")
+    args.task, args.engine = None, None
+    rollout = {a: getattr(args, a) for a in ("generations", "prompt_len", "completion_len", "beta")}
+    for a in rollout:
+        setattr(args, a, None)
+    job = job_from_args(args, args.job_file_pos)
+    if not job.gpu:
+        raise TrainplanError("estimate needs an accelerator.",
+                             fix="add --gpu ID (list them with `trainplan catalog`)")
+    prompt = rollout["prompt_len"] or job.seq_len or 512
+    completion = rollout["completion_len"] or 256
+    accel = get_accelerator(job.gpu)
+    g = estimate_generation(job, accel, prompts=job.batch_size,
+                            generations_per_prompt=rollout["generations"] or 1,
+                            prompt_len=prompt, completion_len=completion,
+                            engine="hf" if engine == "hf" else "vllm")
+    if args.format == "json":
+        print(json.dumps(generation_to_json(job, accel, g), indent=2))
+    else:
+        from ..report.estimate_report import generation_text
+        generation_text(job, accel, g)
+    return 1 if args.check and g.peak_bytes > accel.usable_memory_bytes else 0

@@ -18,6 +18,7 @@ from ..models.hf_import import third_party_output
 from .calibrate_cmd import calibrate_command_parser
 from .catalog_cmd import catalog_command_parser
 from .estimate_cmd import estimate_command_parser
+from .export_cmd import export_command_parser
 from .inspect_cmd import inspect_command_parser
 from .probe_cmd import probe_command_parser
 from .measure_cmd import measure_command_parser
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     measure_command_parser(sub)
     calibrate_command_parser(sub)
     plan_command_parser(sub)
+    export_command_parser(sub)
     for command in sub.choices.values():   # also after the command: `trainplan plan --verbose`
         command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                              help=VERBOSE_HELP)

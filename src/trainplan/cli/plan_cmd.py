@@ -44,6 +44,18 @@ def plan_command_parser(sub) -> None:
                    help="rank by time to finish, by dollars, or by dollars + $10/h of waiting "
                         "(default balanced)")
     # --- reports (issue 6): report/plan_output.py ---
+    c = p.add_argument_group("campaign (many runs; also a `campaign:` block in the job file)")
+    c.add_argument("--runs", type=int, help="plan N runs of the job: calendar time under quotas, "
+                                            "cost of ownership, owned-hardware crossover")
+    c.add_argument("--per", choices=("week", "month", "year"),
+                   help="the runs are one week's, month's or year's work")
+    c.add_argument("--electricity-price", type=float, metavar="USD_PER_KWH",
+                   help="owned hardware's electricity (default: the region's household price)")
+    c.add_argument("--region", help="electricity price region: us (default) or eu")
+    c.add_argument("--hardware-price", type=float, metavar="USD",
+                   help="owned platforms: the machine's price (default: the board's launch price)")
+    c.add_argument("--lifetime-years", type=float,
+                   help="owned hardware's price spread over this many years (default 3)")
     p.add_argument("--format", choices=("text", "md", "json", "html"), default="text",
                    help="stdout: text (terminal tables), md (Markdown), json (the whole plan), "
                         "html (a self-contained page)")
@@ -103,6 +115,23 @@ def _platforms(args: argparse.Namespace, job):
     return select_platforms(ids, args.platforms_file)
 
 
+_CAMPAIGN_FLAGS = {"runs": "runs", "per": "per", "electricity_price": "electricity_usd_per_kwh",
+                   "region": "region", "hardware_price": "hardware_usd",
+                   "lifetime_years": "lifetime_years"}
+
+
+def campaign_spec(args: argparse.Namespace, job):
+    """The job's campaign block with the campaign flags over it; None when neither asks."""
+    from ..campaign import parse_campaign
+    given = {key: getattr(args, flag) for flag, key in _CAMPAIGN_FLAGS.items()
+             if getattr(args, flag, None) is not None}
+    if job.campaign is None and not given:
+        return None
+    base = {} if job.campaign is None else job.campaign.to_dict()
+    where = "the command line" if given else "campaign"
+    return parse_campaign({**base, **given}, where)
+
+
 def plan_command(args: argparse.Namespace) -> int:
     from ..plan import make_plan
     path = args.job_file_pos or (None if getattr(args, "model", None) or args.job_file else _default_job())
@@ -120,6 +149,7 @@ def plan_command(args: argparse.Namespace) -> int:
     if job.epochs is not None and not job.steps and not job.dataset_size:
         raise TrainplanError("--epochs needs the dataset size.", fix="add --dataset-size N (samples per epoch)")
     platforms = _platforms(args, job)
+    spec = campaign_spec(args, job)
     # --- reports (issue 6): progress on stderr, extras for md/json/html, then the output ---
     from ..measure.calibrate import user_calibration
     from ..plan import Planner
@@ -133,6 +163,12 @@ def plan_command(args: argparse.Namespace) -> int:
         plan = make_plan(job, platforms, optimize=args.optimize, budget_usd=args.budget,
                          deadline_s=args.deadline * 3600 if args.deadline is not None else None,
                          planner=planner)
+        if spec is not None:
+            from ..plan.campaign import campaign_plan, variant_jobs
+            variants = [(settings, plan if jv == job else make_plan(
+                jv, platforms, optimize=args.optimize, budget_usd=args.budget, planner=planner))
+                for settings, jv in variant_jobs(job, spec)]
+            plan = campaign_plan(plan, variants, spec, platforms)
         curves = needs_curves(args.format, args.report)
         extras = plan_extras(plan, platforms, planner if curves else None)
     emit_plan(plan, extras, args.format, args.report)

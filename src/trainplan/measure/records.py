@@ -68,6 +68,8 @@ def job_to_dict(job: Job) -> dict:
             continue
         if isinstance(v, Named):        # precision, strategy, quantisation: their canonical name
             v = v.name
+        elif hasattr(v, "to_dict"):     # a block with its own file shape (campaign)
+            v = v.to_dict()
         elif is_dataclass(v):
             v = asdict(v)
         elif isinstance(v, tuple):

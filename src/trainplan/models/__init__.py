@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..algorithm import sequences_per_sample
 from ..errors import TrainplanError
 
 SOURCES = ("hf:", "timm:", "torchvision:", "transformer", "py:")
@@ -40,7 +41,21 @@ class ModelBundle:
 
 
 def build_model(job, attention: str = "efficient") -> ModelBundle:
-    """Dispatch on the model source named in `job.model`; `attention` is the target's kernel."""
+    """The model named in `job.model`, `attention` the target's kernel; a sample holds as many
+    sequences as the algorithm runs through the policy (DPO: chosen and rejected, algorithm.py)."""
+    bundle = _build(job, attention)
+    per_sample = sequences_per_sample(job.algorithm)
+    if per_sample > 1:
+        one = bundle.make_inputs
+        bundle.make_inputs = lambda batch: one(per_sample * batch)
+        if bundle.tokens_per_sample:
+            bundle.tokens_per_sample *= per_sample
+        bundle.notes.append(f"{job.algorithm}: each sample is {per_sample} sequences (chosen and "
+                            "rejected, concatenated into one forward as TRL does)")
+    return bundle
+
+
+def _build(job, attention: str) -> ModelBundle:
     name = job.model
     if name.startswith("hf:"):
         from .hf import build_hf

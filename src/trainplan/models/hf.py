@@ -15,6 +15,7 @@ import difflib
 import functools
 import importlib
 import json
+import math
 import re
 from importlib import resources
 from pathlib import Path
@@ -404,7 +405,7 @@ def build_hf(job, attention: str = "efficient") -> ModelBundle:
                 raise TrainplanError(f"transformers could not build {canonical}: {e}") from None
     model.train()
     _check_learned_positions(model, config, job, canonical)
-    kind, make_inputs, tokens = _inputs_for(auto_name, config, job)
+    kind, make_inputs, tokens = _inputs_for(auto_name, config, job, model)
     return ModelBundle(name=f"hf:{canonical}", module=model, kind=kind, make_inputs=make_inputs,
                        loss=loss_from_output, tokens_per_sample=tokens, notes=notes)
 
@@ -443,12 +444,14 @@ def _image_size(config, job) -> int:
     return job.image_size or getattr(vc, "image_size", 224)
 
 
-def _inputs_for(auto_name: str, config, job):
+def _inputs_for(auto_name: str, config, job, model=None):
     """(kind, make_inputs(batch), tokens per sample) for the model's training task."""
     seq = job.seq_len or min(getattr(_text_config(config), "max_position_embeddings", 512) or 512,
                              512)
     vocab = getattr(_text_config(config), "vocab_size", 32000)
     n = auto_name.lower()
+    if getattr(config, "model_type", "") in QWEN_VL_TYPES and _images_per_sample(job):
+        return _qwen_vl_inputs(config, job, model, seq)
     if "imageclassification" in n:
         size = _image_size(config, job)
         classes = max(2, getattr(config, "num_labels", 2))
@@ -480,3 +483,150 @@ def _inputs_for(auto_name: str, config, job):
         ids = torch.randint(0, vocab, (batch, seq))
         return {"input_ids": ids, "labels": ids}
     return kind, lm, seq
+
+
+# ---- vision-language inputs: images in the sample (Qwen2-VL / Qwen2.5-VL) ----------------------
+
+QWEN_VL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+
+
+def _images_per_sample(job) -> int:
+    """Images in each sample: job.images_per_sample, else 1 with an image size, 0 without."""
+    if not job.image_size:
+        return 0
+    return 1 if job.images_per_sample is None else job.images_per_sample
+
+
+class _HostInts(torch.Tensor):
+    """A small integer tensor whose values the model reads on the host: image_grid_thw,
+    cu_seqlens, input_ids. Qwen-VL's forward turns them into Python ints (`.tolist()` for the
+    split sizes and the per-window attention lengths, `repeat_interleave` for cu_seqlens, the
+    placeholder check's `.sum()`), which fake tensors cannot do: they have shapes, no values.
+
+    A torch function whose tensor arguments are all host tensors runs on real data with every
+    dispatch mode popped (no fake tensor, and nothing counted: it is host bookkeeping, as on a
+    real run where these come from Python lists); its tensor results stay host tensors. When
+    another tensor takes part (the embedding lookup, masked_scatter, the loss: fake tensors in a
+    trace, the device's in `trainplan measure`), the op runs as usual on plain tensors, the fake
+    mode converting the host tensor (allow_non_fake_inputs): from there on only its shape
+    matters."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._python_dispatch import _disable_current_modes
+        from torch.utils._pytree import tree_leaves, tree_map_only
+        kwargs = kwargs or {}
+        if all(isinstance(t, cls) for t in tree_leaves((args, kwargs))
+               if isinstance(t, torch.Tensor)):
+            with _disable_current_modes():
+                return super().__torch_function__(func, types, args, kwargs)
+        with torch._C.DisableTorchFunctionSubclass():
+            args, kwargs = tree_map_only(cls, lambda t: t.as_subclass(torch.Tensor),
+                                         (args, kwargs))
+            return func(*args, **kwargs)
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    return t.as_subclass(_HostInts)
+
+
+def _largest_fitting_side(config, budget: int) -> int | None:
+    """The largest square side (a multiple of the merged patch, 28 px) whose image takes at most
+    `budget` tokens, None if even the smallest image does not fit."""
+    from .vision_tokens import image_tokens
+    factor = config.vision_config.patch_size * config.vision_config.spatial_merge_size
+    k = math.isqrt(max(budget, 0))
+    while k > 0 and image_tokens(config, k * factor).tokens_per_image > budget:
+        k -= 1
+    return k * factor or None
+
+
+def _qwen_vl_inputs(config, job, model, seq: int):
+    """Qwen2-VL / Qwen2.5-VL training inputs with `images_per_sample` images of job.image_size.
+
+    Each sample is what Qwen2VLProcessor writes, images first: per image <|vision_start|>, the
+    image token repeated tokens_per_image times, <|vision_end|>; then text up to seq_len.
+    job.seq_len is the whole LM sequence, image tokens included (what the language model
+    processes); images that do not fit are an error. Labels are the ids with the image and vision
+    marker positions set to -100, as Qwen-VL fine-tuning scripts mask them (the loss's shapes do
+    not change). pixel_values is (images x patches, 3 * temporal_patch_size * patch^2), one row
+    per patch as the processor flattens them, image_grid_thw one [1, h/patch, w/patch] row per
+    image, and position_ids the model's own 3-D M-RoPE positions (get_rope_index, run on the
+    host). What needs values stays real (_HostInts); the window layout of Qwen2.5-VL's tower
+    (index, cu_window_seqlens) and the tower's rotary positions are computed by transformers'
+    own helpers (vision_utils) on the host and passed as the `image_*` precomputed kwargs
+    transformers provides for tracing (accepts_precomputed_kwargs). The tower then runs in the
+    traced step on fake pixel_values: patch embedding, every block, the merger.
+    """
+    from .vision_tokens import image_tokens
+    img = image_tokens(config, job.image_size)
+    n_img = _images_per_sample(job)
+    image_id = config.image_token_id
+    start_id = getattr(config, "vision_start_token_id", None)
+    end_id = getattr(config, "vision_end_token_id", None)
+    markers = [t for t in (start_id, end_id) if t is not None]
+    per_image = img.tokens_per_image + len(markers)
+    if n_img * per_image > seq:
+        need = n_img * per_image
+        side = _largest_fitting_side(config, seq // n_img - len(markers))
+        smaller = f", or --image-size {side} or less" if side else ""
+        raise TrainplanError(
+            f"{n_img} image(s) of {job.image_size}px need {need} tokens ({img.tokens_per_image} "
+            f"image tokens + {len(markers)} vision markers each; {img.note}), more than the "
+            f"sequence's {seq}: seq_len is the whole LM sequence, image tokens included.",
+            allowed=f"seq_len >= {need} for {n_img} image(s) of {job.image_size}px",
+            fix=f"use --seq-len {need} or more (plus room for text), fewer images per "
+                f"sample{smaller}")
+    vision_ids = [t for t in (image_id, start_id, end_id, getattr(config, "video_token_id", None),
+                              getattr(config, "vision_token_id", None)) if isinstance(t, int)]
+    # text ids below every vision token id (the ids the model's code looks for)
+    ordinary = max(2, min(vision_ids + [_text_config(config).vocab_size]))
+    row, types = [], []
+    for _ in range(n_img):
+        body = ([start_id] if start_id is not None else []) + [image_id] * img.tokens_per_image \
+            + ([end_id] if end_id is not None else [])
+        row += body
+        types += [0] * (start_id is not None) + [1] * img.tokens_per_image \
+            + [0] * (end_id is not None)
+    text = seq - len(row)
+    row += [(i * 7919) % ordinary for i in range(text)]
+    types += [0] * text
+    row_t = torch.tensor(row, dtype=torch.long)
+    types_t = torch.tensor(types, dtype=torch.int)
+    label_row = torch.where(torch.tensor(types) == 0, row_t, -100)
+    for t in markers:
+        label_row = torch.where(row_t == t, -100, label_row)
+    vc = config.vision_config
+    windowed = getattr(config, "model_type", "") == "qwen2_5_vl"
+
+    host = {"input_ids", "image_grid_thw", "image_cu_window_seqlens"}
+
+    @functools.lru_cache(maxsize=4)
+    def host_inputs(batch: int, device: torch.device) -> dict:
+        """Everything but pixel_values, real, built on the CPU once per micro-batch size and
+        placed on `device` (the CPU in a trace; the GPU in `trainplan measure`)."""
+        from torch.utils._python_dispatch import _disable_current_modes
+        from transformers import vision_utils
+        with _disable_current_modes(), torch.device("cpu"):
+            ids = row_t.expand(batch, -1).contiguous()
+            grid = torch.tensor([img.grid] * (batch * n_img), dtype=torch.long)
+            out = {"input_ids": ids, "labels": label_row.expand(batch, -1).contiguous(),
+                   "image_grid_thw": grid}
+            if model is not None:
+                out["position_ids"] = model.model.get_rope_index(
+                    ids, mm_token_type_ids=types_t.expand(batch, -1), image_grid_thw=grid)[0]
+            out["image_position_ids"] = vision_utils.get_vision_position_ids(
+                grid, vc.spatial_merge_size)
+            if windowed:
+                out["image_window_index"], out["image_cu_window_seqlens"] = \
+                    vision_utils.get_vision_window_index(grid, vc.spatial_merge_size,
+                                                         vc.window_size, vc.patch_size)
+            return {k: _host(v.to(device)) if k in host else v.to(device)
+                    for k, v in out.items()}
+
+    def qwen_vl(batch):
+        inputs = dict(host_inputs(batch, torch.get_default_device()))
+        inputs["pixel_values"] = torch.randn(batch * n_img * img.patches_per_image,
+                                             img.patch_values)
+        return inputs
+    return "vision-language", qwen_vl, seq

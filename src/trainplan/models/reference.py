@@ -83,7 +83,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d.hidden_size, kv * self.head_dim, bias=d.bias)
         self.o_proj = nn.Linear(d.num_heads * self.head_dim, d.hidden_size, bias=d.bias)
 
-    def forward(self, x, rope=None, bias=None):
+    def qkv(self, x, rope=None):
+        """Queries, keys and values (B, heads, T, head_dim), rotary positions applied."""
         b, s, _ = x.shape                                             # (B, T, C)
         q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
@@ -92,6 +93,11 @@ class Attention(nn.Module):
             cos, sin = rope
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
+        return q, k, v
+
+    def forward(self, x, rope=None, bias=None):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x, rope)
         causal = self.d.kind == "decoder"
         if bias is not None and causal:
             causal_mask = torch.full((s, s), float("-inf"), device=x.device).triu(1)

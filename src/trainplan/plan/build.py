@@ -155,6 +155,7 @@ def plan_platform(planner: Planner, platform: Platform, jp, base_changes: list[s
         fit_margin=m.fit_margin, peak_phase=m.peak_phase,
         memory_breakdown_bytes=dict(m.breakdown_bytes), host_ram_bytes=m.host_ram_bytes,
         platform_ram_bytes=platform.ram_bytes, step_time_s=t.step_time_s if t else None,
+        step_phases_s=cfg.evaluation.step_phases_s if t else None,
         samples_per_s=t.samples_per_s if t else None, tokens_per_s=t.tokens_per_s if t else None,
         mfu=t.mfu if t else None, bound=getattr(t, "bound", None), steps=steps,
         train_s=steps * t.step_time_s if t else None, sessions=sessions, storage=storage,

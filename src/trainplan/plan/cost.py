@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import math
 
+from ..campaign import PERIOD_S
 from ..platforms import Platform
 from .result import Cost
 
-MONTH_S = 365.25 / 12 * 86400
+MONTH_S = PERIOD_S["month"]
 
 
 def run_cost(platform: Platform, accel_s: float, finish_s: float) -> Cost:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from ..accelerators import get_accelerator
 from ..errors import TrainplanError
 from ..predict.target import semantics_for
+from .fixes import apply
 from .planner import platform_job
 
 CURVE_PLATFORMS = 4     # platforms with a memory curve: the top-ranked distinct configurations
@@ -95,7 +96,7 @@ def _variant(planner, platform, pp):
     jv, _ = platform_job(planner.job, platform)
     for f in pp.fixes:
         if not f.note:               # a rung that was tried and not kept carries a note
-            jv = jv.with_(**f.setting)
+            jv = apply(jv, f.setting)
     return jv.with_(grad_accum=pp.grad_accum)
 
 

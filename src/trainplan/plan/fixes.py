@@ -9,24 +9,28 @@ computed, not assumed. Order (cheapest in speed and in how much the training cha
     2  selective activation checkpointing, then 3 full checkpointing     (~+33% compute at full)
     4  mixed precision the device supports (bf16 AMP on sm80+/TPU, else fp16 AMP)
     5  8-bit AdamW (bitsandbytes; CUDA only)
+    5b GRPO without LoRA: beta 0, no reference copy of the weights
     6  LoRA adapters (pretrained hf: models only), then 7 QLoRA (4-bit base; CUDA only)
     8  ZeRO-2, then 9 ZeRO-3 over the devices present (multi-GPU only)
+    9b GRPO/PPO under ZeRO-3: generation gathers layer by layer, not the whole model
     10 CPU offload of the optimizer state, then 11 of the parameters too (DeepSpeed ZeRO-Offload)
-    12 shorter sequences (halved, at most 3 times, not below 64 tokens)
+    12 shorter sequences (halved, at most 3 times, not below 64 tokens); a generating job
+       halves its prompts and completions
 
 A rung the platform cannot do is never kept; it is listed in `skipped_fixes` with the reason:
 the planner checks every rung's job against the prediction core's compatibility table
 (predict/compat.py: bitsandbytes or offload on a TPU, sharding over one device), the same table
 that adapts the job to the platform before any of this (bf16 on a pre-Ampere GPU,
 FlashAttention-2 below sm80) and gives `estimate` its findings. Rungs 6, 7 and 12 change what is
-trained and say so (`changes_training`).
+trained and say so (`changes_training`), as does 5b.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..accelerators import Accelerator
+from ..algorithm import KEYS as ROLLOUT_KEYS
 from ..precision import BF16_AMP, FP16_AMP, Precision
 from ..spec import Lora
 from ..strategy import ZERO2, ZERO3, Strategy
@@ -63,10 +67,22 @@ def _has_attention(job) -> bool:
     return job.model.startswith("hf:") or job.model.startswith("transformer")
 
 
+_ROLLOUT_KEYS = tuple(sorted(ROLLOUT_KEYS))     # a rung's rollout settings, as flat keys
+
+
+def apply(job, setting: dict):
+    """`job` with a rung's setting: Job fields, and a rollout's lengths as flat keys."""
+    kw = {k: v for k, v in setting.items() if k not in _ROLLOUT_KEYS}
+    rollout = {k: v for k, v in setting.items() if k in _ROLLOUT_KEYS}
+    if rollout:
+        kw["rollout"] = replace(job.rollout, **rollout)
+    return job.with_(**kw)
+
+
 def _step(rung, title, job, changes_training=False, **kw) -> Step:
     """The rung's job; `setting` names precision and strategy by their canonical spelling."""
     setting = {k: v.name if isinstance(v, (Precision, Strategy)) else v for k, v in kw.items()}
-    return Step(rung, title, job.with_(**kw), setting, changes_training)
+    return Step(rung, title, apply(job, kw), setting, changes_training)
 
 
 def attention(job, accel: Accelerator, devices: int):
@@ -112,6 +128,31 @@ def optimizer_8bit(job, accel, devices):
     return _step("optimizer-8bit", "8-bit AdamW (bitsandbytes)", job, optimizer="adamw-8bit")
 
 
+def reference_off(job, accel, devices):
+    """GRPO with beta > 0 and no LoRA keeps a full second copy of the weights for the reference
+    model; beta 0 (TRL's default since 0.18) loads none. With LoRA the reference is the base with
+    adapters off, so there is nothing to drop."""
+    r = job.rollout
+    if r is None or r.beta == 0 or job.algorithm != "grpo" or job.lora is not None:
+        return None
+    return _step("beta-0", "no reference model (beta 0, TRL's default)", job,
+                 changes_training=True, beta=0.0)
+
+
+def gather_per_token(job, accel, devices):
+    """Under ZeRO-3, TRL gathers the whole model for generation and holds it
+    (ds3_gather_for_generation, default true); turned off, each forward gathers the layers it
+    needs: the full copy never sits on one device, at the price of a gather per generated token
+    (TRL GRPOConfig's docstring says so: 'slower generation')."""
+    r = job.rollout
+    if r is None or r.engine != "hf" or not r.gather_for_generation or devices < 2 \
+            or not job.strategy.name.startswith("zero3"):
+        return None
+    return _step("gather-per-token", "generation without gathering the whole model "
+                 "(ds3_gather_for_generation false; slower generation)", job,
+                 gather_for_generation=False)
+
+
 def lora(job, accel, devices):
     if job.lora is not None:
         return None
@@ -154,16 +195,26 @@ def _offload(level: str):
 
 
 def seq_len(job, accel, devices):
+    """Halve the sequence; a generating job (GRPO, PPO) halves its prompt and its completion,
+    as seed 004's own advice does (4096 + 768 -> 2048 + 384 tokens)."""
     if job.seq_len is None or job.seq_len // 2 < MIN_SEQ_LEN:
         return None
+    if job.rollout is not None:
+        r = job.rollout
+        if min(r.prompt_len, r.completion_len) // 2 < MIN_SEQ_LEN // 2:
+            return None
+        p, c = r.prompt_len // 2, r.completion_len // 2
+        return _step("seq-len", f"shorter prompts and completions ({p} + {c} tokens)", job,
+                     changes_training=True, prompt_len=p, completion_len=c, seq_len=p + c)
     return _step("seq-len", f"shorter sequences ({job.seq_len // 2} tokens)", job,
                  changes_training=True, seq_len=job.seq_len // 2)
 
 
 Rung = Callable[[object, Accelerator, int], "Step | Skip | None"]
 LADDER: tuple[Rung, ...] = (
-    attention, checkpointing_selective, checkpointing_full, precision, optimizer_8bit, lora, qlora,
-    _sharding(ZERO2), _sharding(ZERO3), _offload("optimizer"), _offload("optimizer+params"),
+    attention, checkpointing_selective, checkpointing_full, precision, optimizer_8bit,
+    reference_off, lora, qlora, _sharding(ZERO2), _sharding(ZERO3), gather_per_token,
+    _offload("optimizer"), _offload("optimizer+params"),
     *(seq_len,) * SEQ_HALVINGS,
 )
 SPEED_LADDER: tuple[Rung, ...] = (precision, attention)

@@ -231,7 +231,7 @@ class Planner:
         for jv, p in jobs_platforms:
             sem = semantics_for(jv, p.accelerator)
             jt = jv.with_(grad_accum=2 if accumulate else 1)
-            requests += [(jt, sem, a) for a in anchors_for(self.per_device(p))]
+            requests += [(jt, sem, a) for a in anchors_for(jt, self.per_device(p))]
         self.traces.prefetch(requests)
 
     # --- the ladder -------------------------------------------------------------------------

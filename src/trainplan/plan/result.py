@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-SCHEMA_VERSION = "1.2"   # 1.1: max_micro_batch_size, required_bytes, *_label, calibration
+SCHEMA_VERSION = "1.3"   # 1.1: max_micro_batch_size, required_bytes, *_label, calibration
                          # 1.2: verdict TIGHT, fit_margin, headroom
+                         # 1.3: step_phases_s; campaign (per platform and the plan's)
 READY = "READY"
 READY_WITH_CHANGES = "READY WITH CHANGES"
 TIGHT = "TIGHT"
@@ -103,6 +104,38 @@ class Cost:
 
 
 @dataclass(frozen=True)
+class Crossover:
+    """Owned hardware against another platform: from `runs` runs on (None: not within
+    MAX_CROSSOVER_RUNS) the owned machine's dollars are no more than the other's."""
+
+    platform_id: str
+    runs: int | None
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """Many runs of the job on one platform (see plan/campaign.py for the formulas)."""
+
+    runs: int
+    accelerator_s: float                 # all runs, session overheads included
+    sessions: int
+    calendar_s: float                    # first session to last step, quota waits included
+    runs_per_week: float | None          # runs a weekly quota holds (None: no quota)
+    quota_binds: bool                    # the campaign waits for weekly quota resets
+    within_period: bool | None           # the runs fit the stated period (None: no period)
+    compute_usd: float                   # cloud hours or compute units beyond the subscription
+    subscription_usd: float              # months of the campaign's span (or its period)
+    hardware_usd: float                  # owned: purchase price x span / lifetime (at most 1x)
+    electricity_usd: float               # owned: board power x hours x price per kWh
+    energy_kwh: float
+    total_usd: float                     # compute + subscription + hardware + electricity
+    waiting_usd: float                   # calendar hours x the value of waiting time
+    owned: bool
+    crossovers: tuple[Crossover, ...] = ()
+    cost_by_runs: tuple[tuple[int, float], ...] = ()   # (runs, total_usd): the cumulative cost
+
+
+@dataclass(frozen=True)
 class CheckItem:
     """One line of a platform's checklist: status pass | fail | warn | info."""
 
@@ -141,6 +174,7 @@ class PlatformPlan:
     host_ram_bytes: int | None           # host memory the job needs (processes, offload, workers)
     platform_ram_bytes: int | None
     step_time_s: float | None            # one optimizer step (all micro-batches)
+    step_phases_s: dict | None           # its phases (generation, reference, training...)
     samples_per_s: float | None
     tokens_per_s: float | None
     mfu: float | None
@@ -160,6 +194,7 @@ class PlatformPlan:
     interpolated: bool                   # figures interpolated between two traced batches
     calibration: dict = field(default_factory=dict)   # what the step time rests on
     headroom: tuple[str, ...] = ()       # TIGHT: rungs that give room without changing training
+    campaign: Campaign | None = None     # many runs (plan --runs, a campaign: block)
     rank: int | None = None
     reason: str = ""
 
@@ -201,6 +236,7 @@ class Plan:
     recommendation: str
     assumptions: dict = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    campaign: dict | None = None         # the campaign asked for: runs, period, sweep, prices
     schema_version: str = SCHEMA_VERSION
 
     def platform(self, platform_id: str) -> PlatformPlan:

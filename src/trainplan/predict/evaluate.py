@@ -18,18 +18,18 @@ read off a line: there every probe is a real trace.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..accelerators import Accelerator
 from ..trace.tracer import Trace
-from . import compat
+from . import algorithms, compat
 from .calibration import BUNDLED_ONLY, Calibration
 from .findings import Finding
 from .memory import (NO_FIT, MemoryEstimate, estimate_memory, fit_band, fragmentation,
                      fragmentation_between)
 from .target import devices, semantics_for
 from .timing import StepTime, estimate_step_time
-from .traces import ANCHORS, Traces, anchors_for
+from .traces import Traces, anchors, anchors_for
 
 MAX_MICRO_BATCH = 65536    # the search's ceiling: beyond it the answer is this bound
 
@@ -47,6 +47,16 @@ class Evaluation:
     time: StepTime
     findings: tuple[Finding, ...]
     calibration: dict                 # what the step time rests on (Calibration.source)
+    phases_s: dict | None = None      # post-training algorithms: seconds per step by phase
+    generation: object | None = None  # their generation estimate (generation.py)
+
+    @property
+    def step_phases_s(self) -> dict[str, float]:
+        """Seconds per optimizer step by phase (algorithms.PHASES); they sum to the step time.
+        Supervised training is all `training`."""
+        if self.phases_s is not None:
+            return dict(self.phases_s)
+        return {**dict.fromkeys(algorithms.PHASES, 0.0), "training": self.time.step_time_s}
 
     @property
     def fits(self) -> bool:
@@ -103,13 +113,16 @@ def memory_at(job, accel: Accelerator, traces: Traces, sem, batch: int
     fragmentation read off the line through the anchors' replays (memory.fragmentation_between),
     so memory is non-decreasing in the micro-batch."""
     tr, interpolated = traces.at(job, sem, batch)
-    lo, hi = ANCHORS
+    lo, hi = anchors(job)
     if batch <= lo:        # the line starts at lo: the larger anchor is not needed (nor traced)
         frag = fragmentation(traces.exact(job, sem, lo))
     else:
         frag = fragmentation_between(fragmentation(traces.exact(job, sem, lo)),
                                      fragmentation(traces.exact(job, sem, hi)), lo, hi, batch)
-    return tr, interpolated, estimate_memory(tr, accel, job.with_(batch_size=batch), frag=frag)
+    mem = estimate_memory(tr, accel, job.with_(batch_size=batch), frag=frag)
+    if job.algorithm != "sft":   # a reference copy, PPO's models, vLLM's share stay resident
+        mem = algorithms.with_resident(mem, job, tr, accel, devices(job, accel))
+    return tr, interpolated, mem
 
 
 def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
@@ -121,10 +134,15 @@ def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
     traces = traces or Traces()
     findings = compat.check(job, accel, strict=strict)
     sem = semantics_for(job, accel)
-    traces.prefetch([(job, sem, b) for b in anchors_for(job.batch_size)])
+    traces.prefetch([(job, sem, b) for b in anchors_for(job, job.batch_size)])
     tr, interpolated, mem = memory_at(job, accel, traces, sem, job.batch_size)
     time = calibration.apply(estimate_step_time(tr, accel, job, calibration.params,
                                                 cpu_cores=cpu_cores), accel.id)
+    phases = generation = None
+    if job.algorithm != "sft":
+        alg = algorithms.step(job, accel, tr, mem, time, devices(job, accel), resident_in=True)
+        phases, generation, mem = alg.phases_s, alg.generation, alg.memory
+        time = with_phases(time, phases, alg.notes)
     findings += gpu0_finding(mem)
     if job.expert_parallel > 1 and not tr.expert_param_bytes:
         findings.append(Finding("warning", f"expert parallelism ({job.expert_parallel}) asked, "
@@ -135,7 +153,17 @@ def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
     elif mem.tight:
         findings.append(tight_finding(mem, accel))
     return Evaluation(job, accel, devices(job, accel), tr, interpolated, mem, time,
-                      tuple(findings), calibration.source(accel.id))
+                      tuple(findings), calibration.source(accel.id), phases, generation)
+
+
+def with_phases(time, phases: dict, notes) -> object:
+    """The step time of the whole algorithm step: the phases' sum, rates scaled to it."""
+    total = sum(phases.values())
+    f = time.step_time_s / total if total else 1.0
+    return replace(time, step_time_s=total, samples_per_s=time.samples_per_s * f,
+                   tokens_per_s=time.tokens_per_s * f if time.tokens_per_s else None,
+                   mfu=time.mfu * f if time.mfu else None,
+                   notes=list(time.notes) + list(notes))
 
 
 def largest_micro_batch(job, accel: Accelerator, traces: Traces,
@@ -154,7 +182,7 @@ def largest_micro_batch(job, accel: Accelerator, traces: Traces,
         m = memory_at(job, accel, traces, sem, b)[2]
         return m.held_bytes if margin else m.required_bytes
 
-    lo, hi = ANCHORS
+    lo, hi = anchors(job)
     if limit == 1 or need(lo) > cap:
         return 1 if need(1) <= cap else None
     r_lo, r_hi = need(lo), need(hi)

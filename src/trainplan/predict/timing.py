@@ -160,6 +160,7 @@ class StepTime:
     xla_compile_s: float | None
     n_devices: int = 1
     notes: list = field(default_factory=list)
+    forward_s: float = 0.0      # one micro-batch's forward alone (a reference model's pass)
 
 
 def _rates(accel, precision: Precision) -> tuple[np.ndarray, np.ndarray]:
@@ -397,7 +398,7 @@ def estimate_step_time(trace, accel, job, calibration: dict | None = None,
              + breakdown["overhead"] + opt, "communication": comm, "data": data_wait}
     return StepTime(step, breakdown, samples, samples * tps if tps else None, mfu,
                     max(kinds, key=kinds.get), XLA_COMPILE_S if accel.kind == "tpu" else None,
-                    n, notes)
+                    n, notes, forward_s=t_fwd)
 
 
 def _mfu_peak(accel, precision: Precision, table: OpTable) -> float | None:

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import bisect
 import copy
+import functools
 from collections.abc import Callable
 from dataclasses import replace
 
 import torch
 
 from ..strategy import SINGLE
+from ..trace import store
 from ..trace.parallel import trace_all
 from ..trace.semantics import KernelSemantics
 from ..models import stack_hint
@@ -31,17 +33,42 @@ from .depth import HIGH, LOW, stitch
 from .interpolate import same_shape_family, trace_between
 
 ANCHORS = (2, 32)      # the two real traces every micro-batch >= 2 is read from
+PER_SAMPLE_ANCHORS = (2, 4)   # ...for models that loop over the samples' images (anchors())
 
 # Job fields that do not change the traced step (applied after tracing, or planning-only).
 _UNTRACED = dict(gpus=1, strategy=SINGLE, offload="none", gpu=None, platforms=(), steps=None,
                  epochs=None, dataset_size=None, target_batch=None, session_overhead_s=None,
                  num_workers=None, samples_per_s_per_worker=None, batch_size=1,
-                 expert_parallel=1)
+                 expert_parallel=1, rollout=None, campaign=None)
+
+
+def anchors(job) -> tuple[int, int]:
+    """The anchors of `job`'s line. A model whose forward loops in Python over each sample's
+    images (Qwen-VL's vision tower runs attention window by window, image by image) runs
+    batch x images x windows ops: a trace at 32 costs 32 times one at 1 (26 s at micro-batch 1
+    for Qwen2.5-VL-3B with one 560 px image on 2 cores, about 300 s at 32). Its work and
+    allocations are as affine in the batch as any model's, so any two anchors give the same
+    line; only the allocator's fragmentation beyond the larger anchor is extrapolated from a
+    shorter base (memory.fragmentation_between). Such jobs use (2, 4)."""
+    return PER_SAMPLE_ANCHORS if job.image_size and job.images_per_sample != 0 and \
+        job.model.startswith("hf:") and _loops_over_images(job.model) else ANCHORS
+
+
+@functools.cache
+def _loops_over_images(model: str) -> bool:
+    """Vision-language models whose inputs carry images (models/hf.py QWEN_VL_TYPES)."""
+    from ..models.hf import QWEN_VL_TYPES, load_config_dict
+    try:
+        return load_config_dict(model[3:])[0].get("model_type") in QWEN_VL_TYPES
+    except Exception:          # the model build will say why
+        return False
 
 
 def trace_job(job):
-    """The job as the tracer sees it: untraced fields reset, grad_accum folded to 1 or 2."""
-    return job.with_(grad_accum=1 if job.grad_accum <= 1 else 2, **_UNTRACED)
+    """The job as the tracer sees it: untraced fields reset, grad_accum folded to 1 or 2, and of
+    the algorithm only what changes the traced step (DPO's two sequences per sample)."""
+    return job.with_(grad_accum=1 if job.grad_accum <= 1 else 2,
+                     algorithm="dpo" if job.algorithm == "dpo" else "sft", **_UNTRACED)
 
 
 def describe(job, sem: KernelSemantics, batch: int) -> str:
@@ -66,13 +93,15 @@ class Traces:
         self._between: dict[tuple, Trace] = {}
         self._family: dict[tuple, bool] = {}        # do the traces at (lo, hi) run the same ops?
         self._keys: dict[int, tuple] = {}           # id(job) -> (job, its variant key)
+        self._depths: dict[int, tuple] = {}         # id(job) -> (job, blocks its config names)
         self._whole: dict[tuple, tuple[Trace, bool]] = {}   # stitched traces (depth.py)
         self._uncut: set[tuple] = set()             # variants traced whole (no stack to cut)
         self._progress = progress
         self._cut = cut
         self._failed: set[tuple] = set()            # traces a worker could not make
         self.deferring: list[tuple] | None = None   # while set: missing traces, recorded
-        self.traced = 0
+        self.traced = 0                             # traces made by this cache
+        self.loaded = 0                             # traces read from the disk store
 
     def _key(self, job, sem: KernelSemantics, depth: int | None = None) -> tuple:
         """(the traced variant, the kernel semantics, blocks kept); the variant's repr is kept per
@@ -87,19 +116,34 @@ class Traces:
         """Whether `job` is traced cut (depth.py): its model names a stack deep enough to cut."""
         if not self._cut or self._key(job, sem) in self._uncut:
             return False
-        hint = self._keys.get(("blocks", id(job)))
+        hint = self._depths.get(id(job))
         if hint is None or hint[0] is not job:
-            hint = self._keys[("blocks", id(job))] = (job, stack_hint(job))
+            hint = self._depths[id(job)] = (job, stack_hint(job))
         return (hint[1] or 0) >= MIN_BLOCKS
 
     def traced_batches(self, job, sem: KernelSemantics) -> list[int]:
         depth = HIGH if self._cuts(job, sem) else None
         return list(self._batches.get(self._key(job, sem, depth), ()))
 
-    def _store(self, key: tuple, batch: int, tr: Trace) -> None:
+    def _store(self, key: tuple, batch: int, tr: Trace, made: str | None = None) -> None:
+        """Keep `tr` as the trace at `key` + batch; `made`: "traced" (now, counted in `traced`),
+        "loaded" (from the disk store, counted in `loaded`), None (derived from another)."""
         self._exact[key + (batch,)] = tr
         bisect.insort(self._batches.setdefault(key, []), batch)
-        self.traced += 1
+        if made == "traced":
+            self.traced += 1
+        elif made == "loaded":
+            self.loaded += 1
+
+    def _load(self, key: tuple, job, sem: KernelSemantics, batch: int, depth: int | None
+              ) -> str | None:
+        """Read the trace from the disk store (trace/store.py) into the cache, if it is there;
+        its store name either way (to save it under once traced)."""
+        name = store.key(trace_job(job), sem, batch, depth)
+        tr = store.load(name)
+        if tr is not None:
+            self._store(key, batch, tr, "loaded")
+        return name
 
     def _real(self, job, sem: KernelSemantics, batch: int, depth: int | None = None) -> Trace:
         key = self._key(job, sem, depth)
@@ -107,14 +151,18 @@ class Traces:
             twin = half_twin(job, sem)
             if twin is not None:          # the bf16 twin's trace, its dtype renamed (half_twin)
                 self._store(key, batch, relabel(self._real(*twin, batch, depth), sem))
-                self.traced -= 1
+                return self._exact[key + (batch,)]
+            name = self._load(key, job, sem, batch, depth)
+            if key + (batch,) in self._exact:
                 return self._exact[key + (batch,)]
             if self.deferring is not None and key + (batch,) not in self._failed:
                 self.deferring.append((job, sem, batch, depth))
                 raise Deferred
             if self._progress:
                 self._progress(describe(job, sem, batch))
-            self._store(key, batch, trace_step(trace_job(job), sem, batch, depth=depth))
+            tr = trace_step(trace_job(job), sem, batch, depth=depth)
+            store.save(name, tr)
+            self._store(key, batch, tr, "traced")
         return self._exact[key + (batch,)]
 
     def _stitched(self, job, sem: KernelSemantics, batch: int, how: str) -> tuple[Trace, bool] | None:
@@ -133,7 +181,6 @@ class Traces:
                 if parts[1][0].stack is None and how == "exact" and \
                         whole_key + (batch,) not in self._exact:    # the "cut" trace is whole
                     self._store(whole_key, batch, parts[1][0])
-                    self.traced -= 1
                 return None
             self._whole[memo] = (whole, parts[0][1] or parts[1][1])
         return self._whole[memo]
@@ -174,12 +221,19 @@ class Traces:
                 todo.append((key, trace_job(job), sem, batch, depth))
         if len(todo) < at_least:
             return
+        names = {}
+        for key, tj, sem, batch, depth in todo:
+            names[key] = self._load(key[:-1], tj, sem, batch, depth)
+        todo = [r for r in todo if r[0] not in self._exact]
+        if not todo:
+            return
         if self._progress:
             for _key, tj, sem, batch, _d in todo:
                 self._progress(describe(tj, sem, batch))
         for (key, _tj, _sem, _b, _d), tr in zip(todo, trace_all([r[1:] for r in todo])):
             if isinstance(tr, Trace):
-                self._store(key[:-1], key[-1], tr)
+                store.save(names[key], tr)
+                self._store(key[:-1], key[-1], tr, "traced")
             else:
                 self._failed.add(key)
 
@@ -223,11 +277,13 @@ class Traces:
         self._between[memo] = trace_between(t_lo, t_hi, batch, extrapolate=batch > hi)
         return self._between[memo]
 
-    def on_line(self, job, sem: KernelSemantics, lo: int = ANCHORS[0],
-                hi: int = ANCHORS[1], depth: int | None = None) -> bool:
+    def on_line(self, job, sem: KernelSemantics, lo: int | None = None,
+                hi: int | None = None, depth: int | None = None) -> bool:
         """Whether the real traces at `lo` and `hi` run the same ops, so that other micro-batches
         can be read off their line (interpolate.same_shape_family; traced if needed); for a cut
-        model, whether both cut models' do."""
+        model, whether both cut models' do. Default: the job's anchors."""
+        if lo is None or hi is None:
+            lo, hi = anchors(job)
         if depth is None and self._cuts(job, sem):
             return all(self.on_line(job, sem, lo, hi, d) for d in (LOW, HIGH))
         family = self._key(job, sem, depth) + (lo, hi)
@@ -237,9 +293,10 @@ class Traces:
         return self._family[family]
 
     def _at(self, job, sem: KernelSemantics, batch: int, depth: int | None) -> tuple[Trace, bool]:
-        if batch == 1 or batch in ANCHORS:
+        pair = anchors(job)
+        if batch == 1 or batch in pair:
             return self._real(job, sem, batch, depth), False
-        tr = self.between(job, sem, batch, *ANCHORS, depth=depth)
+        tr = self.between(job, sem, batch, *pair, depth=depth)
         return tr, tr is not self._exact.get(self._key(job, sem, depth) + (batch,))
 
     def at(self, job, sem: KernelSemantics, batch: int) -> tuple[Trace, bool]:
@@ -280,9 +337,10 @@ def relabel(tr: Trace, sem: KernelSemantics) -> Trace:
     return replace(tr, ops=ops, semantics=sem)
 
 
-def anchors_for(batch: int) -> list[int]:
+def anchors_for(job, batch: int) -> list[int]:
     """The real traces evaluating micro-batch `batch` reads (what to prefetch): the anchors, whose
     line gives the trace and the allocator's fragmentation (evaluate.memory_at), and 1 itself.
     Micro-batch 1 reads only the smaller anchor's fragmentation: the larger one is left until a
     search for the largest micro-batch asks for it (a 70B job on one GPU never does)."""
-    return [1, ANCHORS[0]] if batch == 1 else list(ANCHORS)
+    pair = anchors(job)
+    return [1, pair[0]] if batch == 1 else list(pair)

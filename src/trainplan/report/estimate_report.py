@@ -1,13 +1,23 @@
 """`trainplan estimate` text output."""
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
-from rich.markup import escape
-
 from ..plan.verdict import FITS, NO_FIT, estimate_verdict
-from ..units import fmt_bytes, fmt_count, fmt_int, fmt_note, fmt_rate, fmt_seconds, key_label
+from ..units import (fmt_bytes, fmt_count, fmt_int, fmt_note, fmt_phases, fmt_rate, fmt_seconds,
+                     key_label)
 from .console import console
+
+
+def bytes_table(title: str, rows) -> Table:
+    """A two-column table of (term, bytes) rows."""
+    tab = Table(title=title, show_edge=False)
+    tab.add_column("term")
+    tab.add_column("bytes", justify="right")
+    for term, n in rows:
+        tab.add_row(term, fmt_bytes(n))
+    return tab
 
 
 def estimate_text(est) -> None:
@@ -21,17 +31,12 @@ def estimate_text(est) -> None:
             + f", {job.optimizer}: {verdict}")
     c.print(f"precision: {job.precision.label}")
     c.print(f"parameters {fmt_count(tr.params_total)} ({fmt_count(tr.params_trainable)} trainable)")
-    tab = Table(title="memory per device (GiB = 2^30 bytes)", show_edge=False)
-    tab.add_column("term")
-    tab.add_column("bytes", justify="right")
-    for k, v in m.breakdown_bytes.items():
-        tab.add_row(key_label(k), fmt_bytes(v))
-    tab.add_row("[bold]device used (nvidia-smi)[/bold]", fmt_bytes(m.device_used_bytes))
-    tab.add_row("least it runs in (fit test)", fmt_bytes(m.required_bytes))
-    tab.add_row("peak allocated", fmt_bytes(m.peak_allocated_bytes))
-    tab.add_row("peak reserved", fmt_bytes(m.peak_reserved_bytes))
-    tab.add_row("capacity", fmt_bytes(m.capacity_bytes))
-    c.print(tab)
+    c.print(bytes_table("memory per device (GiB = 2^30 bytes)", [
+        *((key_label(k), v) for k, v in m.breakdown_bytes.items()),
+        ("[bold]device used (nvidia-smi)[/bold]", m.device_used_bytes),
+        ("least it runs in (fit test)", m.required_bytes),
+        ("peak allocated", m.peak_allocated_bytes), ("peak reserved", m.peak_reserved_bytes),
+        ("capacity", m.capacity_bytes)]))
     c.print(f"free on the device: {m.fit_margin:.1%} of its capacity"
             + (" (the allocator must release its cache)" if m.fit_margin < 0 and m.fits else ""))
     c.print(f"largest micro-batch that fits: {fmt_int(est.max_batch_size) if est.max_batch_size else 'none'}"
@@ -42,10 +47,39 @@ def estimate_text(est) -> None:
                 f"{fmt_rate(t.samples_per_s)} samples/s"
                 + (f", {t.tokens_per_s:,.0f} tokens/s" if t.tokens_per_s else "")
                 + (f", MFU {t.mfu:.0%}" if t.mfu is not None else ""))
+        if est.phases_s is not None:
+            c.print(f"step phases: {fmt_phases(est.phases_s)}")
+        g = est.generation
+        if g is not None:
+            c.print(f"generation: {fmt_int(g.sequences)} sequences x {fmt_int(g.completion_len)} "
+                    f"tokens, {fmt_rate(g.tokens_per_s)} tokens/s, KV cache "
+                    f"{fmt_bytes(g.kv_cache_bytes)}, bound by {escape(g.bound)}")
         c.print(f"step time rests on {est.calibration['text']}")
     for f in est.findings:
         colour = {"error": "red", "warning": "yellow"}.get(f.severity, "cyan")
         c.print(f"[{colour}]{f.severity}[/{colour}]: {escape(f.message)}"
                 + (f"  -> {escape(f.fix)}" if f.fix else ""))
     for n in tr.notes:
+        c.print(f"note: {escape(fmt_note(n))}")
+
+
+def generation_text(job, accel, g) -> None:
+    """`estimate --task generate` text output."""
+    c = console()
+    fits = g.peak_bytes <= accel.usable_memory_bytes
+    word = "[green]fits[/green]" if fits else "[red]does not fit[/red]"
+    c.print(f"[bold]{escape(job.model_label)}[/bold] generating on {escape(accel.id)} "
+            f"({escape(g.engine)}): {fmt_int(g.sequences)} sequences, {fmt_int(g.prompt_len)} "
+            f"prompt + {fmt_int(g.completion_len)} new tokens: {word}")
+    c.print(f"precision: {job.precision.label}")
+    c.print(bytes_table("memory per device", [
+        ("weights", g.weight_bytes), ("KV cache (prompt + completion)", g.kv_cache_bytes),
+        ("largest forward's transient", g.transient_bytes), ("[bold]peak[/bold]", g.peak_bytes),
+        ("capacity", accel.usable_memory_bytes)]))
+    c.print(f"prefill {fmt_seconds(g.prefill_s)}, decode {fmt_seconds(g.decode_s)} "
+            f"({fmt_seconds(g.per_token_s_first)} -> {fmt_seconds(g.per_token_s_last)} per "
+            f"token), total {fmt_seconds(g.total_s)}")
+    c.print(f"{fmt_rate(g.tokens_per_s)} new tokens/s over all sequences; bound by "
+            f"{escape(g.bound)}")
+    for n in g.notes:
         c.print(f"note: {escape(fmt_note(n))}")

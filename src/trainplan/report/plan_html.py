@@ -26,9 +26,10 @@ from . import charts
 from ..plan.extras import ReportExtras
 from .plan_document import document, resolve
 from .sources import anchor, source_entries
-from .plan_tables import (CATALOG, COST, CURVE, FIXES, HARDWARE, PERFORMANCE, SESSIONS, STORAGE,
-                          VERDICTS, Cell, chosen_index, fmt_by_key, memory_columns,
-                          platform_rows, problem_platforms, rows, settings_rows)
+from .plan_tables import (CAMPAIGN, CATALOG, COST, CURVE, FIXES, HARDWARE, PERFORMANCE, SESSIONS, STORAGE,
+                          VERDICTS, Cell, chosen_index, fmt_by_key, memory_columns, phase_columns,
+                          platform_rows, problem_platforms, rows, settings_rows,
+                          campaign_lines, campaign_rows)
 
 CHART_ROWS = 12       # platforms per bar chart: the best-ranked ones (the tables list them all)
 CURVE_WIDTH = 560     # memory-curve panels, two side by side
@@ -318,11 +319,32 @@ def embedded_json(doc: dict) -> str:
     return json.dumps(doc, indent=1, sort_keys=False).replace("</", "<\\/")
 
 
+def campaign_chart(doc: dict) -> str | None:
+    """The campaign's cumulative cost against the number of runs, per platform (its points are
+    the plan's `campaign.cost_by_runs`)."""
+    series = [charts.Series(p["platform_id"], [(float(n), usd) for n, usd in
+                                               p["campaign"]["cost_by_runs"]])
+              for p in (resolve(doc, r) for r in campaign_rows(doc)[:CHART_ROWS])]
+    if not series:
+        return None
+    return charts.line_chart("Cumulative cost of the campaign", series, "runs",
+                             "total cost (USD)", chart_id="campaign-cost")
+
+
+def _campaign(doc: dict) -> list[str]:
+    return ([f"<p>{escape(line)}</p>" for line in campaign_lines(doc)]
+            + [_figure(campaign_chart(doc), "Cumulative cost of the campaign by run count; an "
+                       "owned machine starts at its share of the purchase price.",
+                       "campaign-cost"),
+               _cols_table(doc, campaign_rows(doc), CAMPAIGN)])
+
+
 def plan_html(plan, extras: ReportExtras | None = None, doc: dict | None = None) -> str:
     """The HTML report of `plan` (or of an already built `doc`)."""
     doc = doc or document(plan, extras)
     every = platform_rows(doc)
     live = platform_rows(doc, include_retired=False)
+    phases = phase_columns(doc)
     fitting = [f"platforms[{i}]" for i, p in enumerate(doc["platforms"]) if p["sessions"] is not None]
     secs = [
         _section("verdicts", "Verdicts", [_cols_table(doc, every, VERDICTS, "verdict-table")]),
@@ -333,11 +355,14 @@ def plan_html(plan, extras: ReportExtras | None = None, doc: dict | None = None)
                  ["<p>Per device, GiB = 2^30 bytes; the terms sum to the device used.</p>",
                   _cols_table(doc, every, memory_columns(doc))]),
         _section("memory-curve", "Memory against micro-batch", _curves(doc)),
-        _section("performance", "Predicted performance", [_cols_table(doc, live, PERFORMANCE)]),
+        _section("performance", "Predicted performance", [_cols_table(doc, live, PERFORMANCE)] + (
+            ["<p>Step phases, time per optimizer step:</p>", _cols_table(doc, live, phases)]
+            if phases else [])),
         _section("sessions", "Sessions, quota and cost",
                  [_cols_table(doc, fitting, SESSIONS), "<p>Checkpoints:</p>",
                   _cols_table(doc, fitting, STORAGE), "<p>Cost:</p>", _cols_table(doc, fitting, COST)]
                  if fitting else ["<p>No platform runs the job, so there are no sessions to plan.</p>"]),
+        *([_section("campaign", "Campaign", _campaign(doc))] if doc.get("campaign") else []),
         _section("problems", "Problems and fixes", _problems(doc)),
         _section("checklist", "Launch checklist", _checklist(doc)),
         _section("assumptions", "Assumptions and catalog dates", _assumptions(doc)),

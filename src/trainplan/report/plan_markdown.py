@@ -16,15 +16,16 @@ from __future__ import annotations
 
 from ..plan.extras import ReportExtras
 from .plan_document import document
-from .plan_tables import (CATALOG, COST, CURVE, FIXES, HARDWARE, PERFORMANCE, SESSIONS, STORAGE,
-                          VERDICTS, Cell, chosen_index, fmt_by_key, memory_columns,
-                          platform_rows, problem_platforms, rows, settings_rows)
+from .plan_tables import (CAMPAIGN, CATALOG, COST, CURVE, FIXES, HARDWARE, PERFORMANCE, SESSIONS, STORAGE,
+                          VERDICTS, Cell, chosen_index, fmt_by_key, memory_columns, phase_columns,
+                          platform_rows, problem_platforms, rows, settings_rows,
+                          campaign_lines, campaign_rows)
 from ..plan.verdict import headline
 from ..units import fmt_note, key_label, fmt_bytes, fmt_int, fmt_seconds, fmt_usd
 
 SECTIONS = ("Verdicts", "Hardware compared", "The job's settings", "Memory per device",
             "Memory against micro-batch", "Predicted performance", "Sessions, quota and cost",
-            "Problems and fixes", "Launch checklist", "Assumptions and catalog dates")
+            "Campaign", "Problems and fixes", "Launch checklist", "Assumptions and catalog dates")
 CHECK_MARK = {"pass": "- [x] ", "fail": "- [ ] **fail:** ", "warn": "- [ ] **check:** ",
               "info": "- "}
 
@@ -157,16 +158,24 @@ def plan_markdown(plan, extras: ReportExtras | None = None, doc: dict | None = N
     sec["Memory per device"] = ["Per device, GiB = 2^30 bytes; the terms sum to the device used.", "",
                                 _cols_table(doc, every, memory_columns(doc))]
     sec["Memory against micro-batch"] = _curves(doc)
-    sec["Predicted performance"] = [_cols_table(doc, live, PERFORMANCE)]
+    phases = phase_columns(doc)
+    sec["Predicted performance"] = [_cols_table(doc, live, PERFORMANCE)] + (
+        ["", "Step phases, time per optimizer step:", "", _cols_table(doc, live, phases)]
+        if phases else [])
     sec["Sessions, quota and cost"] = (
         [_cols_table(doc, fitting, SESSIONS), "", "Checkpoints:", "", _cols_table(doc, fitting, STORAGE),
          "", "Cost:", "", _cols_table(doc, fitting, COST)]
         if fitting else ["No platform runs the job, so there are no sessions to plan."])
+    if doc.get("campaign"):
+        sec["Campaign"] = [*campaign_lines(doc), "",
+                           _cols_table(doc, campaign_rows(doc), CAMPAIGN)]
     sec["Problems and fixes"] = _problems(doc)
     sec["Launch checklist"] = _checklist(doc)
     sec["Assumptions and catalog dates"] = _assumptions(doc)
     out = _head(doc)
     for name, body in sec.items():
+        if body is None:          # a section this plan has nothing for (Campaign)
+            continue
         while body and body[-1] == "":
             body = body[:-1]
         out += ["", f"## {name}", "", *body]

@@ -22,8 +22,9 @@ from rich.table import Table
 from .console import Col, console as default_console, fit_table
 from ..plan.extras import ReportExtras
 from .plan_document import document
-from .plan_tables import (COST, PERFORMANCE, SESSIONS, VERDICTS, Column, chosen_index,
-                          fmt_by_key, memory_columns, platform_rows, rows)
+from .plan_tables import (CAMPAIGN, COST, PERFORMANCE, SESSIONS, VERDICTS, Column,
+                          campaign_lines, campaign_rows, chosen_index,
+                          fmt_by_key, memory_columns, phase_columns, platform_rows, rows)
 from ..plan.verdict import headline
 from ..units import fmt_note, fmt_int, fmt_seconds, fmt_usd, key_label
 
@@ -52,6 +53,8 @@ PRIORITY = {
     "meets deadline": 12, "accelerator": 10, "samples/s": 11, "tokens/s": 10, "MFU": 9,
     "bound": 6, "steps": 5, "session limit": 8, "weekly quota": 7, "overhead / session": 6,
     "checkpoint every (steps)": 4, "compute": 6, "subscription": 5, "compute units": 4, "#": 3,
+    "runs": 11, "calendar": 18, "runs / week of quota": 9, "hardware": 7, "electricity": 6,
+    "waiting ($10/h)": 3,
 }
 KEYS = ("platform",)
 
@@ -155,11 +158,19 @@ def plan_rich(plan, extras: ReportExtras | None = None, console: Console | None 
     c.print(rich_table(doc, top, memory, "Memory per device (GiB = 2^30 bytes)", w))
     c.print()
     c.print(rich_table(doc, top, PERFORMANCE, "Predicted performance", w))
+    phases = phase_columns(doc)
+    if phases:
+        c.print(rich_table(doc, top, phases, "Step phases (time per optimizer step)", w))
     if fitting:
         c.print()
         c.print(rich_table(doc, fitting, SESSIONS, "Sessions and quota", w))
         c.print()
         c.print(rich_table(doc, fitting, COST, "Cost", w))
+    if doc.get("campaign"):
+        c.print()
+        c.print(rich_table(doc, campaign_rows(doc)[:DETAILS], CAMPAIGN, "Campaign", w))
+        for line in campaign_lines(doc):
+            c.print(escape(line))
     problems = _problems(doc, DETAILS)
     if problems:
         c.print("\n[bold]Problems and fixes[/bold]")

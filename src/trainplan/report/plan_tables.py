@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..units import (fmt_bool, fmt_bytes, fmt_count, fmt_int, fmt_percent, fmt_rate, fmt_ratio,
-                     fmt_seconds, fmt_usd)
+                     fmt_seconds, fmt_usd, key_label)
 from .plan_document import resolve
 
 FORMATS: dict[str, Callable] = {
@@ -165,6 +165,21 @@ def memory_columns(doc: dict) -> tuple[Column, ...]:
             *MEMORY_TAIL)
 
 
+def phase_columns(doc: dict) -> tuple[Column, ...] | None:
+    """platform, one column per step phase some platform spends time in, the step time; None
+    for supervised training (all of its step is `training`)."""
+    phases: list[str] = []
+    for p in doc["platforms"]:
+        for k, v in (p.get("step_phases_s") or {}).items():
+            if v and k not in phases:
+                phases.append(k)
+    if phases in ([], ["training"]):
+        return None
+    return (Column("platform", "platform_id", T, align=L),
+            *(Column(key_label(k), f"step_phases_s.{k}", "s") for k in phases),
+            Column("step time", "step_time_s", "s"))
+
+
 PERFORMANCE = (
     Column("platform", "platform_id", T, align=L),
     Column("step time", "step_time_s", "s"),
@@ -209,6 +224,59 @@ COST = (
     Column("within budget", "within_budget", "bool"),
     Column("meets deadline", "meets_deadline", "bool"),
 )
+
+def crossover_text(doc: dict, row: str) -> str:
+    """An owned platform's crossovers: 'cheaper than X from run N' (else 'never ...')."""
+    c = resolve(doc, row).get("campaign") or {}
+    parts = []
+    for x in c.get("crossovers", ()):
+        parts.append(f"cheaper than {x['platform_id']} from run {fmt_int(x['runs'])}"
+                     if x["runs"] is not None else f"never cheaper than {x['platform_id']}")
+    return "; ".join(parts) or "-"
+
+
+CAMPAIGN = (
+    Column("platform", "platform_id", T, align=L),
+    Column("runs", "campaign.runs", "int"),
+    Column("accelerator time", "campaign.accelerator_s", "s"),
+    Column("calendar", "campaign.calendar_s", "s"),
+    Column("runs / week of quota", "campaign.runs_per_week", "ratio"),
+    Column("compute", "campaign.compute_usd", "usd"),
+    Column("subscription", "campaign.subscription_usd", "usd"),
+    Column("hardware", "campaign.hardware_usd", "usd"),
+    Column("electricity", "campaign.electricity_usd", "usd"),
+    Column("total", "campaign.total_usd", "usd"),
+    Column("waiting ($10/h)", "campaign.waiting_usd", "usd"),
+)
+
+
+def campaign_rows(doc: dict) -> list[str]:
+    """Row paths of the platforms with a campaign (those that run every variant)."""
+    return [f"platforms[{i}]" for i, p in enumerate(doc["platforms"]) if p.get("campaign")]
+
+
+def campaign_lines(doc: dict) -> list[str]:
+    """What a campaign table needs said in words: the runs, the prices, the crossovers."""
+    c = doc.get("campaign")
+    if not c:
+        return []
+    per = f" a {c['per']}" if c.get("per") else ""
+    sweep = "; ".join(f"{k} in {', '.join(map(str, v))}" for k, v in c["sweep"].items())
+    out = [f"{fmt_int(c['runs'])} runs{per}"
+           + (f" ({fmt_int(c['runs_per_variant'])} of each of {len(c['variants'])} planned "
+              f"variants; sweep: {sweep})" if c["sweep"] else "")
+           + f"; electricity {fmt_usd(c['electricity_usd_per_kwh'])}/kWh "
+             f"({c['electricity_source']}); owned hardware's price spread over "
+             f"{fmt_ratio(c['lifetime_years'])} years; one session at a time per platform."]
+    for row in campaign_rows(doc):
+        p = resolve(doc, row)
+        if p["campaign"]["owned"] and p["campaign"]["crossovers"]:
+            out.append(f"{p['platform_id']}: {crossover_text(doc, row)}.")
+        if p["campaign"]["within_period"] is False:
+            out.append(f"{p['platform_id']}: the runs take {fmt_seconds(p['campaign']['calendar_s'])}, "
+                       f"more than a {c['per']}.")
+    return out
+
 
 FIXES = (
     Column("rung", "rung", T, align=L),

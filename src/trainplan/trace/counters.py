@@ -208,6 +208,7 @@ class StepCounter(TorchDispatchMode):
         self.default_category = "temporaries"
         self.unknown_flop_ops: set[str] = set()
         self.count_ops = True       # False: track memory only (warm-up)
+        self.closed = False         # True once the step ends: later frees are teardown
         self._parents_key = None
         self._parents_name = ""
 
@@ -253,7 +254,7 @@ class StepCounter(TorchDispatchMode):
 
     def _free(self, key: int) -> None:
         rec = self.storages.pop(key, None)
-        if rec is None:
+        if rec is None or self.closed:   # after the step: the model torn down, whenever GC runs
             return
         self.live -= rec.nbytes
         self.by_cat[rec.category] -= rec.nbytes

@@ -281,6 +281,7 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
             opt.zero_grad(set_to_none=True)
             grad_bytes = sum(p.numel() * p.element_size() for p in params)
             state_bytes = counter.by_cat["optimizer_states"]
+            counter.closed = True   # the step's events end here, not when GC frees the model
     except TrainplanError:
         raise
     except Exception as e:  # an op the fake device cannot run

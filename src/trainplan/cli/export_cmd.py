@@ -1,0 +1,66 @@
+"""`trainplan export JOB --platform ID --to KIND --out DIR`: the plan for one platform, as launch
+files: torchrun, accelerate, deepspeed, slurm, skypilot, kaggle, colab, or all (export/)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import TrainplanError
+from .common import add_job_flags, job_from_args
+
+
+def export_command_parser(sub) -> None:
+    from ..export import KINDS
+    p = sub.add_parser("export", help="write launch files for a plan: torchrun, accelerate, "
+                                      "deepspeed, slurm, skypilot, kaggle/colab kits",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("job_file_pos", nargs="?", metavar="JOB", help="YAML job file")
+    p.add_argument("--platform", help="platform id (trainplan catalog platforms); or --gpu ID "
+                                      "--gpus N for N of an accelerator (16: 2 nodes of 8)")
+    p.add_argument("--platforms-file", help="YAML file of your own platforms")
+    p.add_argument("--to", required=True, choices=KINDS + ("all",), help="what to write")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write into")
+    p.add_argument("--script", default="train.py", help="training script the launchers run "
+                                                        "(default train.py)")
+    p.add_argument("--dataset", metavar="DIR", help="kaggle: package this folder as a Kaggle "
+                                                    "dataset (zip + dataset-metadata.json)")
+    p.add_argument("--spot", action="store_true", default=None,
+                   help="skypilot: also write the spot managed-job variant (default: when the "
+                        "plan has more than one session)")
+    p.add_argument("--install", default="trainplan",
+                   help="kits: what the notebook's install cell pip-installs (default trainplan)")
+    p.add_argument("--steps", type=int, help="optimizer steps to run")
+    add_job_flags(p)
+    p.set_defaults(func=export_command)
+
+
+def export_command(args: argparse.Namespace) -> int:
+    from ..export import launch_from_plan, render, write
+    from ..plan import make_plan, select_platforms
+    from ..plan.build import platforms_with
+    path = args.job_file_pos or args.job_file
+    job = job_from_args(args, path)
+    if args.steps is not None:
+        if args.steps <= 0:
+            raise TrainplanError(f"--steps must be a positive integer, got {args.steps}.")
+        job = job.with_(steps=args.steps, epochs=None, dataset_size=None)
+    if args.platform and (args.gpu or args.gpus):
+        raise TrainplanError("--platform and --gpu/--gpus both choose the platform.",
+                             fix="give one: --platform ID, or --gpu ID --gpus N")
+    if args.platform:
+        platforms = select_platforms([args.platform], args.platforms_file)
+    elif args.gpu:
+        platforms = platforms_with(args.gpu, args.gpus, args.platforms_file)[:1]
+    else:
+        raise TrainplanError("No platform to export for.",
+                             fix="add --platform ID (trainplan catalog platforms) or --gpu ID --gpus N")
+    plan = make_plan(job, platforms)
+    pp = plan.platforms[0]
+    ln = launch_from_plan(plan, pp, job, job_file=path, script=args.script)
+    job_text = Path(path).read_text(encoding="utf-8") if path else None
+    files = render(ln, args.to, job_text=job_text, dataset=args.dataset, spot=args.spot,
+                   install=args.install)
+    written = write(files, args.out)
+    for p in written:
+        print(p)
+    return 0

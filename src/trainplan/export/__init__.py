@@ -1,0 +1,72 @@
+"""`trainplan export`: a plan, as files the engines people already use launch (torchrun,
+accelerate, DeepSpeed, Slurm, SkyPilot) and as Kaggle/Colab kits. One module per kind; all read
+the plan through `common.launch_from_plan`.
+
+Every file is rendered in memory first (dataset limits checked, notebooks validated), then each is
+written with `atomic_write`: bad input writes nothing."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import TrainplanError
+from ..paths import atomic_write
+from .common import Launch, launch_from_plan
+
+KINDS = ("torchrun", "accelerate", "deepspeed", "slurm", "skypilot", "kaggle", "colab")
+
+__all__ = ["KINDS", "Launch", "launch_from_plan", "render", "write"]
+
+
+def render(ln: Launch, kind: str, *, job_text: str | None = None, dataset: str | None = None,
+           spot: bool | None = None, install: str = "trainplan") -> dict[str, str | bytes]:
+    """{relative path: content} for `kind` ("all": every kind, each in its own folder)."""
+    if kind == "all":
+        out: dict[str, str | bytes] = {}
+        for k in KINDS:
+            for name, text in render(ln, k, job_text=job_text,
+                                     dataset=dataset if k == "kaggle" else None, spot=spot,
+                                     install=install).items():
+                out[f"{k}/{name}"] = text
+        return out
+    if kind not in KINDS:
+        raise TrainplanError(f"--to {kind!r} is not an export kind.", allowed=", ".join(KINDS + ("all",)))
+    if dataset and kind != "kaggle":
+        raise TrainplanError("--dataset packages a Kaggle dataset: use it with --to kaggle (or all).")
+    if kind == "torchrun":
+        from .torchrun import render as r
+        files = r(ln)
+    elif kind == "accelerate":
+        from .accelerate import render as r
+        files = r(ln)
+    elif kind == "deepspeed":
+        from .deepspeed import render as r
+        files = r(ln)
+    elif kind == "slurm":
+        from .slurm import render as r
+        files = r(ln)
+    elif kind == "skypilot":
+        from .skypilot import render as r
+        files = r(ln, spot)
+    else:
+        from .kits import render as r
+        return r(ln, kind, job_text, dataset, install)
+    files = dict(files)
+    files["trainplan-plan.json"] = ln.guard_json()
+    return files
+
+
+def write(files: dict[str, str | bytes], out_dir: str | os.PathLike) -> list[Path]:
+    """Write every file under `out_dir` (each atomically); shell scripts executable."""
+    root = Path(out_dir)
+    if root.exists() and not root.is_dir():
+        raise TrainplanError(f"--out {str(out_dir)!r} exists and is not a folder.")
+    written = []
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, text)
+        if name.endswith(".sh") or name.endswith(".sbatch"):
+            path.chmod(path.stat().st_mode | 0o111)
+        written.append(path)
+    return written

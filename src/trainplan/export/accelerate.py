@@ -1,0 +1,79 @@
+"""`--to accelerate`: an accelerate config YAML (`accelerate launch --config_file
+accelerate_config.yaml train.py`): distributed type, mixed precision, the FSDP or DeepSpeed
+plugin settings, gradient accumulation, processes and machines."""
+from __future__ import annotations
+
+import yaml
+
+from ..strategy import DDP, DP, FSDP
+from .common import DEFAULT_PORT, Launch
+
+
+def mixed_precision(ln: Launch) -> str:
+    """accelerate's mixed_precision: the autocast dtype of an AMP plan; 'no' otherwise (a pure
+    fp16/bf16 plan casts the model itself, as the header says)."""
+    p = ln.precision
+    if p.amp:
+        return "fp16" if p.is_fp16 else "bf16"
+    return "no"
+
+
+def config(ln: Launch) -> dict:
+    s = ln.strategy
+    procs = ln.nodes * ln.procs_per_node
+    c: dict = {"compute_environment": "LOCAL_MACHINE", "debug": False,
+               "mixed_precision": mixed_precision(ln), "num_machines": ln.nodes,
+               "num_processes": procs, "machine_rank": 0, "main_training_function": "main",
+               "rdzv_backend": "static" if ln.nodes == 1 else "c10d",
+               "same_network": True, "use_cpu": False, "downcast_bf16": "no",
+               "enable_cpu_affinity": False, "gpu_ids": "all"}
+    if ln.nodes > 1:
+        c.update(main_process_ip="NODE0_ADDRESS", main_process_port=DEFAULT_PORT)
+    if ln.accelerator_kind == "tpu":
+        c.update(distributed_type="XLA", num_processes=ln.devices)
+        c.pop("gpu_ids")
+    elif s is FSDP:
+        c["distributed_type"] = "FSDP"
+        c["fsdp_config"] = {
+            "fsdp_version": 1, "fsdp_sharding_strategy": "FULL_SHARD",
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_backward_prefetch": "BACKWARD_PRE", "fsdp_forward_prefetch": False,
+            "fsdp_offload_params": ln.offload != "none",
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT", "fsdp_sync_module_states": True,
+            "fsdp_use_orig_params": True, "fsdp_cpu_ram_efficient_loading": True,
+            "fsdp_activation_checkpointing": ln.grad_checkpointing not in ("none", "")}
+    elif s.name.startswith("zero"):
+        c["distributed_type"] = "DEEPSPEED"
+        stage = s.order
+        ds = {"zero_stage": stage, "gradient_accumulation_steps": ln.grad_accum,
+              "gradient_clipping": 1.0,
+              "offload_optimizer_device": "cpu" if ln.offload != "none" else "none",
+              "offload_param_device": "cpu" if ln.offload == "optimizer+params" else "none",
+              "zero3_init_flag": stage == 3}
+        if stage == 3:
+            ds["zero3_save_16bit_model"] = True
+        if ln.nodes > 1:
+            ds["deepspeed_multinode_launcher"] = "standard"
+        c["deepspeed_config"] = ds
+    elif s is DDP and procs > 1:
+        c["distributed_type"] = "MULTI_GPU"
+    else:   # single, or DataParallel (one process; the script wraps the model itself)
+        c["distributed_type"] = "NO"
+        c["num_processes"] = 1
+    return c
+
+
+def render(ln: Launch) -> dict[str, str]:
+    note = ""
+    if ln.strategy is DP:
+        note = ("# DataParallel: one process over all GPUs (the script wraps the model in "
+                "torch.nn.DataParallel); accelerate runs it as one process.\n")
+    ga = (f"# gradient accumulation: {ln.grad_accum} -- pass "
+          f"Accelerator(gradient_accumulation_steps={ln.grad_accum}) (the DeepSpeed plugin "
+          "carries it itself)\n")
+    text = (ln.header() + note + ga + "# launch: accelerate launch --config_file "
+            "accelerate_config.yaml " + " ".join(ln.script_command())
+            + ("  (on each node, with --machine_rank N and main_process_ip set to node 0)"
+               if ln.nodes > 1 else "") + "\n"
+            + yaml.safe_dump(config(ln), sort_keys=True))
+    return {"accelerate_config.yaml": text}

@@ -1,0 +1,149 @@
+"""Traces kept on disk between runs, so that a job traced once is not traced again.
+
+A trace is a pure function of what it is made from: the job as the tracer sees it, the kernel
+semantics, the micro-batch and the blocks kept (tracer.py), and of the code that makes it. The
+key is a SHA-256 over all of those: the job's repr, the resolved model config (a hub id's or a
+local config.json's contents, not its name, so an edited file is a new key), trainplan's own
+source and data files, and the versions of Python, torch, transformers, timm and torchvision. A
+changed line anywhere in trainplan, or an upgraded library, makes every key new; nothing stale is
+ever read. `py:` models are not stored: their code may import anything, which no key can cover.
+
+Files: zlib-compressed pickles (about 80 KB for a 1B-parameter LLM's trace) in
+`paths.cache_dir()/traces`, written whole (a temporary file, renamed); past `MAX_BYTES` the least recently used are
+removed (once per process). Set
+`TRAINPLAN_TRACE_CACHE=off` to neither read nor write (tests do, conftest.py), or to a folder to
+keep the traces there.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import pickle
+import sys
+import zlib
+from importlib import metadata
+from pathlib import Path
+
+from ..paths import cache_dir
+
+ENV = "TRAINPLAN_TRACE_CACHE"
+MAX_BYTES = 512 * 2**20
+OFF = ("0", "off", "no", "false", "none")
+
+
+def folder() -> Path | None:
+    """Where traces are kept, or None when the store is off."""
+    env = os.environ.get(ENV, "").strip()
+    if env.lower() in OFF:
+        return None
+    return Path(env).expanduser() if env else cache_dir() / "traces"
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """SHA-256 over trainplan's .py and data files and the libraries' versions."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent.parent
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".json", ".yaml")
+                       and "__pycache__" not in p.parts):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    h.update(sys.version.encode())
+    for dist in ("torch", "transformers", "timm", "torchvision"):
+        try:
+            h.update(f"{dist}={metadata.version(dist)}".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"{dist}=-".encode())
+    return h.hexdigest()
+
+
+def _model_fingerprint(job) -> str | None:
+    """What the model is built from beyond the job's repr; None where it cannot be keyed."""
+    if job.model.startswith("py:"):
+        return None
+    if job.model.startswith("hf:"):
+        from ..models.hf import load_config_dict
+        try:
+            cfg = load_config_dict(job.model[3:])[0]
+        except Exception:     # building the model will say why; nothing to store
+            return None
+        return json.dumps(cfg, sort_keys=True, default=str)
+    return ""
+
+
+def key(job, sem, batch: int, depth: int | None) -> str | None:
+    """The file name a trace of (job, sem, batch, depth) is kept under, or None (not stored)."""
+    if folder() is None:
+        return None
+    model = _model_fingerprint(job)
+    if model is None:
+        return None
+    h = hashlib.sha256()
+    for part in (code_fingerprint(), repr(job), model, repr(sem), str(batch), str(depth)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def load(name: str | None):
+    """The stored trace, or None (not stored, unreadable, or the store off)."""
+    where = folder()
+    if name is None or where is None:
+        return None
+    path = where / f"{name}.trace"
+    try:
+        data = path.read_bytes()
+        trace = pickle.loads(zlib.decompress(data))
+    except (OSError, zlib.error, pickle.UnpicklingError, EOFError, AttributeError, ImportError,
+            TypeError, ValueError):
+        return None
+    try:
+        os.utime(path)          # recently used: pruned last
+    except OSError:
+        pass
+    return trace
+
+
+def save(name: str | None, trace) -> None:
+    """Keep `trace` under `name`; a store that cannot be written is skipped silently (it is a
+    cache: the next run traces again)."""
+    where = folder()
+    if name is None or where is None:
+        return
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        data = zlib.compress(pickle.dumps(trace, protocol=pickle.HIGHEST_PROTOCOL), 1)
+        tmp = where / f".{name}.{os.getpid()}.tmp"     # then renamed: never a partial file
+        tmp.write_bytes(data)
+        os.replace(tmp, where / f"{name}.trace")
+        if where not in _PRUNED:
+            _PRUNED.add(where)
+            _prune(where)
+    except OSError:
+        pass
+
+
+_PRUNED: set[Path] = set()     # folders pruned by this process (once: a folder scan per save
+                               # would cost more than it saves)
+
+
+def _prune(where: Path) -> None:
+    """Remove the least recently used traces while the folder holds over MAX_BYTES."""
+    files = []
+    for p in where.glob("*.trace"):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        files.append((st.st_mtime, st.st_size, p))
+    total = sum(size for _, size, _ in files)
+    for _, size, p in sorted(files):
+        if total <= MAX_BYTES:
+            break
+        try:
+            p.unlink()
+            total -= size
+        except OSError:
+            pass

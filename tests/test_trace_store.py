@@ -1,0 +1,93 @@
+"""The disk store of traces (trace/store.py): a second run reads what the first traced, gives the
+same answers, and never reads a trace made from anything else."""
+import json
+import os
+
+import pytest
+
+from trainplan.accelerators import get_accelerator
+from trainplan.predict import Traces, evaluate
+from trainplan.predict.target import semantics_for
+from trainplan.spec import Job, validate
+from trainplan.trace import store
+
+from conftest import tiny_job
+
+T4 = get_accelerator("t4")
+
+
+@pytest.fixture
+def where(tmp_path, monkeypatch):
+    monkeypatch.setenv(store.ENV, str(tmp_path / "traces"))
+    return tmp_path / "traces"
+
+
+def _answers(ev):
+    return (ev.memory.required_bytes, ev.memory.peak_allocated_bytes, ev.time.step_time_s)
+
+
+def test_second_run_reads_the_store_and_answers_the_same(where):
+    job = tiny_job(batch_size=4)
+    first = Traces()
+    a = evaluate(job, T4, traces=first)
+    assert first.traced >= 2 and first.loaded == 0
+    assert len(list(where.glob("*.trace"))) == first.traced
+    second = Traces()
+    b = evaluate(job, T4, traces=second)
+    assert second.traced == 0 and second.loaded == first.traced
+    assert _answers(a) == _answers(b)
+
+
+def test_a_different_job_or_batch_is_a_different_key(where):
+    job = tiny_job()
+    sem = semantics_for(job, T4)
+    keys = {store.key(job, sem, 2, None), store.key(job, sem, 32, None),
+            store.key(job, sem, 2, 3), store.key(job.with_(optimizer="sgd"), sem, 2, None),
+            store.key(job, semantics_for(job, get_accelerator("a100-80gb")), 2, None)}
+    assert len(keys) == 5 and None not in keys
+
+
+def test_an_edited_local_config_is_a_new_key(where, tmp_path):
+    cfg = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64,
+           "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 64}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    job = validate(Job(model=f"hf:{path}", seq_len=32))
+    sem = semantics_for(job, T4)
+    before = store.key(job, sem, 2, None)
+    path.write_text(json.dumps(dict(cfg, n_layer=3)))
+    assert store.key(job, sem, 2, None) != before
+
+
+def test_user_code_and_a_store_turned_off_are_never_stored(where, monkeypatch):
+    job = tiny_job()
+    sem = semantics_for(job, T4)
+    py = job.with_(model="py:examples/glf_cr.py:build", transformer=None)
+    assert store.key(py, sem, 2, None) is None
+    for off in ("off", "0", "no"):
+        monkeypatch.setenv(store.ENV, off)
+        assert store.folder() is None and store.key(job, sem, 2, None) is None
+    evaluate(job, T4, traces=Traces())
+    assert not where.exists()
+
+
+def test_a_damaged_file_is_traced_again(where):
+    job = tiny_job(batch_size=4)
+    evaluate(job, T4, traces=Traces())
+    for f in where.glob("*.trace"):
+        f.write_bytes(b"not a trace")
+    again = Traces()
+    evaluate(job, T4, traces=again)
+    assert again.loaded == 0 and again.traced >= 2
+
+
+def test_the_least_recently_used_are_pruned(where, monkeypatch):
+    evaluate(tiny_job(batch_size=4), T4, traces=Traces())
+    files = sorted(where.glob("*.trace"))
+    assert len(files) >= 2
+    for i, f in enumerate(files):            # distinct use times: files[-1] used last
+        os.utime(f, (1_000_000 + i, 1_000_000 + i))
+    monkeypatch.setattr(store, "MAX_BYTES", files[-1].stat().st_size)
+    monkeypatch.setattr(store, "_PRUNED", set())
+    store._prune(where)
+    assert list(where.glob("*.trace")) == [files[-1]]
