@@ -114,19 +114,19 @@ def parse_campaign(data, where: str = "campaign") -> CampaignSpec:
         raise TrainplanError(f"{where}: campaign runs must be a whole number >= 1, got {runs!r}.",
                              fix="write it like `runs: 100`")
     kw["runs"] = runs
-    if "per" in kw and kw["per"] not in PERIOD_S:
+    if "per" in kw and (not isinstance(kw["per"], str) or kw["per"] not in PERIOD_S):
         m = close_matches(str(kw["per"]), tuple(PERIOD_S))
         raise TrainplanError(f"{where}: campaign per {kw['per']!r} is not a period."
                              + (f" Did you mean {m[0]!r}?" if m else ""),
                              allowed=", ".join(PERIOD_S))
     prices = ownership()["electricity_usd_per_kwh"]
     regions = tuple(r for r in prices if not r.startswith("_"))
-    if "region" in kw and kw["region"] not in regions:
+    if "region" in kw and (not isinstance(kw["region"], str) or kw["region"] not in regions):
         m = close_matches(str(kw["region"]), regions)
         raise TrainplanError(f"{where}: campaign region {kw['region']!r} has no electricity "
                              "price." + (f" Did you mean {m[0]!r}?" if m else ""),
                              allowed=", ".join(regions),
-                             fix="or give electricity_usd_per_kwh yourself")
+                             fix="give electricity_usd_per_kwh yourself instead")
     for key, positive in (("electricity_usd_per_kwh", False), ("hardware_usd", False),
                           ("lifetime_years", True)):
         if key in kw:
