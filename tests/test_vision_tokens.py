@@ -216,3 +216,27 @@ def test_inputs_reproduce_the_models_own_forward(tmp_path):
         theirs = model(**plain).logits
     assert type(ours) is torch.Tensor and ours.shape == (1, 128, config.text_config.vocab_size)
     assert torch.allclose(ours, theirs, atol=1e-5)
+
+
+def test_a_vlm_whose_images_are_not_traced_says_so(tmp_path):
+    """LLaVA-style models: the image tokens are counted (576 for CLIP ViT-L/14 at 336 px) but
+    the tower does not run in the traced step; the estimate says so instead of staying silent."""
+    import json as _json
+    from trainplan.accelerators import get_accelerator
+    from trainplan.estimate import estimate
+    from trainplan.spec import Job, validate
+    cfg = {"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"],
+           "image_token_index": 250,
+           "text_config": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                           "num_hidden_layers": 2, "num_attention_heads": 4,
+                           "num_key_value_heads": 4, "vocab_size": 256,
+                           "max_position_embeddings": 2048},
+           "vision_config": {"model_type": "clip_vision_model", "hidden_size": 32,
+                             "intermediate_size": 64, "num_hidden_layers": 2,
+                             "num_attention_heads": 4, "image_size": 336, "patch_size": 14,
+                             "projection_dim": 32}}
+    path = tmp_path / "config.json"
+    path.write_text(_json.dumps(cfg))
+    job = validate(Job(model=f"hf:{path}", batch_size=2, seq_len=1024, image_size=336))
+    est = estimate(job, get_accelerator("t4"), with_max_batch=False)
+    assert any("576 tokens per image" in n and "not counted" in n for n in est.trace.notes)

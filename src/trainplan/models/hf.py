@@ -406,6 +406,18 @@ def build_hf(job, attention: str = "efficient") -> ModelBundle:
     model.train()
     _check_learned_positions(model, config, job, canonical)
     kind, make_inputs, tokens = _inputs_for(auto_name, config, job, model)
+    mtype = getattr(config, "model_type", "")
+    if job.image_size and hasattr(config, "vision_config") and kind not in ("vision",
+                                                                             "vision-language"):
+        from .vision_tokens import image_tokens
+        try:
+            per = f"{image_tokens(config, job.image_size).tokens_per_image} tokens per image; "
+        except TrainplanError:
+            per = ""
+        notes.append(f"images in a language model's sequence are traced for Qwen2-VL/2.5-VL "
+                     f"only: this {mtype} step runs "
+                     f"its language model on text alone ({per}the vision tower's activations "
+                     "are not counted)")
     return ModelBundle(name=f"hf:{canonical}", module=model, kind=kind, make_inputs=make_inputs,
                        loss=loss_from_output, tokens_per_sample=tokens, notes=notes)
 
