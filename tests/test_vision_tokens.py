@@ -218,9 +218,10 @@ def test_inputs_reproduce_the_models_own_forward(tmp_path):
     assert torch.allclose(ours, theirs, atol=1e-5)
 
 
-def test_a_vlm_whose_images_are_not_traced_says_so(tmp_path):
-    """LLaVA-style models: the image tokens are counted (576 for CLIP ViT-L/14 at 336 px) but
-    the tower does not run in the traced step; the estimate says so instead of staying silent."""
+def test_llava_runs_its_tower_and_projector_on_the_images(tmp_path):
+    """LLaVA (a fixed-grid CLIP tower): 576 image tokens per 336 px image in the sequence, and
+    the tower's attention over its 577 positions in the traced forward, on top of the text-only
+    step: 2 images x 2 layers x 2 matmuls x 2 FLOPs x 577^2 x 32 (hidden)."""
     import json as _json
     from trainplan.accelerators import get_accelerator
     from trainplan.estimate import estimate
@@ -237,6 +238,16 @@ def test_a_vlm_whose_images_are_not_traced_says_so(tmp_path):
                              "projection_dim": 32}}
     path = tmp_path / "config.json"
     path.write_text(_json.dumps(cfg))
-    job = validate(Job(model=f"hf:{path}", batch_size=2, seq_len=1024, image_size=336))
-    est = estimate(job, get_accelerator("t4"), with_max_batch=False)
-    assert any("576 tokens per image" in n and "not counted" in n for n in est.trace.notes)
+    t4 = get_accelerator("t4")
+    with_images = estimate(validate(Job(model=f"hf:{path}", batch_size=2, seq_len=1024,
+                                        image_size=336)), t4, with_max_batch=False)
+    text = estimate(validate(Job(model=f"hf:{path}", batch_size=2, seq_len=1024)), t4,
+                    with_max_batch=False)
+    extra = (with_images.trace.flops["forward"]["attention"]
+             - text.trace.flops["forward"]["attention"])
+    assert extra == pytest.approx(2 * 2 * 2 * 2 * 577 ** 2 * 32, rel=0.02)
+    assert with_images.trace.flops["forward"]["matmul"] > text.trace.flops["forward"]["matmul"]
+    assert not any("not counted" in n for n in with_images.trace.notes)
+    with pytest.raises(TrainplanError, match="576 each"):
+        estimate(validate(Job(model=f"hf:{path}", batch_size=1, seq_len=512, image_size=336)),
+                 t4, with_max_batch=False)

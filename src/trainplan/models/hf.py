@@ -464,6 +464,8 @@ def _inputs_for(auto_name: str, config, job, model=None):
     n = auto_name.lower()
     if getattr(config, "model_type", "") in QWEN_VL_TYPES and _images_per_sample(job):
         return _qwen_vl_inputs(config, job, model, seq)
+    if getattr(config, "model_type", "") in GRID_VL_TYPES and _images_per_sample(job):
+        return _grid_vl_inputs(config, job, seq)
     if "imageclassification" in n:
         size = _image_size(config, job)
         classes = max(2, getattr(config, "num_labels", 2))
@@ -642,3 +644,47 @@ def _qwen_vl_inputs(config, job, model, seq: int):
                                              img.patch_values)
         return inputs
     return "vision-language", qwen_vl, seq
+
+
+# ---- vision-language inputs: fixed-grid towers (LLaVA) ------------------------------------------
+
+GRID_VL_TYPES = ("llava",)
+
+
+def _grid_vl_inputs(config, job, seq: int):
+    """LLaVA training inputs with `images_per_sample` images: the processor resizes every image
+    to the tower's image_size (models/vision_tokens.py), so pixel_values is (images, 3, size,
+    size) whatever job.image_size says, and each image's place in the sequence is its
+    tokens_per_image image tokens (LlavaProcessor expands one <image> to that many), images
+    first, then text up to seq_len. Labels are -100 on the image positions. input_ids stay real
+    (_HostInts): LlavaModel.get_placeholder_mask counts the image tokens (`.sum()`) and checks
+    them against the features, which needs values; the tower and projector run on fake
+    pixel_values in the traced step."""
+    from .vision_tokens import image_tokens
+    img = image_tokens(config, job.image_size)
+    n_img = _images_per_sample(job)
+    image_id = getattr(config, "image_token_id", None)
+    if image_id is None:
+        image_id = config.image_token_index
+    need = n_img * img.tokens_per_image
+    if need > seq:
+        raise TrainplanError(
+            f"{n_img} image(s) need {need} tokens ({img.tokens_per_image} each; {img.note}), "
+            f"more than the sequence's {seq}: seq_len is the whole LM sequence, image tokens "
+            "included.", fix=f"use --seq-len {need} or more (plus room for text), or fewer "
+                             "images per sample")
+    vocab = _text_config(config).vocab_size
+    text = [t for t in ((i * 7919) % vocab for i in range(seq - need + 1)) if t != image_id]
+    row = torch.tensor([image_id] * need + text[:seq - need], dtype=torch.long)
+    labels = torch.where(row == image_id, -100, row)
+    size = config.vision_config.image_size
+
+    def llava(batch):
+        from torch.utils._python_dispatch import _disable_current_modes
+        with _disable_current_modes(), torch.device("cpu"):
+            ids = row.expand(batch, -1).contiguous()
+            lab = labels.expand(batch, -1).contiguous()
+        device = torch.get_default_device()
+        return {"input_ids": _host(ids.to(device)), "labels": lab.to(device),
+                "pixel_values": torch.randn(batch * n_img, 3, size, size)}
+    return "vision-language", llava, seq
