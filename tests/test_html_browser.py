@@ -236,6 +236,8 @@ def test_report_loads_without_console_errors_and_charts_render(browser, pages, n
         expected = {"memory"} | ({"time", "cost"} if any(p["sessions"] for p in doc["platforms"]
                                                         if p["verdict"] != "RETIRED") else set())
         expected |= {f"curve-{c['platform_id']}" for c in doc["memory_vs_micro_batch"]}
+        if any(p.get("campaign") for p in doc["platforms"]):
+            expected.add("campaign-cost")
         assert {b["id"] for b in boxes} == expected
         for box in boxes:
             assert box["width"] > 300 and box["height"] > 100, box
