@@ -52,7 +52,7 @@ def real_traces():
             memo[k] = one(job, sem, batch_size, depth=depth)
         return memo[k]
 
-    def trace_all(requests):
+    def traced(requests):
         todo = list({key(*r): r for r in requests if key(*r) not in memo}.values())
         failed = {}
         for r, tr in zip(todo, many(todo) if todo else []):
@@ -61,6 +61,16 @@ def real_traces():
             else:
                 failed[key(*r)] = tr
         return [memo.get(key(*r)) or failed[key(*r)] for r in requests]
+
+    def trace_all(requests, followups=None, policy=None, started=None):
+        """trace_all's contract: each follow-up made once its request is in, unless skipped."""
+        followups = followups or [None] * len(requests)
+        results, more = traced(requests), [None] * len(requests)
+        for i, f in enumerate(followups):
+            verdict = policy(i, True, results[i]) if policy else "run"
+            if f is not None and verdict != "skip":
+                more[i] = traced([f])[0]
+        return (results, more) if any(f is not None for f in followups) else results
 
     mp = pytest.MonkeyPatch()
     mp.setattr(traces_mod, "trace_step", trace_step)

@@ -47,8 +47,10 @@ def _block_of(pattern: re.Pattern, name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _renamed(pattern: re.Pattern, name: str, i: int) -> str:
-    return pattern.sub(lambda m: m.group(0)[: m.start(1) - m.start(0)] + str(i), name, count=1)
+def _split(pattern: re.Pattern, name: str) -> tuple[str, str]:
+    """`name` around its block index (a, b): block i's name is a + str(i) + b."""
+    m = pattern.search(name)
+    return name[: m.start(1)], name[m.end(1):]
 
 
 def _op_key(r) -> tuple:
@@ -120,7 +122,10 @@ def stitch(lo: Trace, hi: Trace) -> Trace | None:
             r = copy.copy(r)
             r.flops, r.bytes = line(a.flops, r.flops), line(a.bytes, r.bytes)
         ops.append(r)
-    ops.extend(copy.copy(r) for _ in range(HIGH, L) for r in new)
+    # the same records, not copies: nothing changes a trace's records in place (who derives one
+    # copies it first: interpolate.py, traces.relabel), and an 80-block model repeats ~150 of
+    # them 76 times (copying them was most of a warm 70B plan's time)
+    ops.extend(r for _ in range(HIGH, L) for r in new)
 
     phase_peaks = {ph: (whole(lo.phase_peaks[ph][0], v[0]),
                         {c: whole(lo.phase_peaks[ph][1].get(c, 0), v[1].get(c, 0))
@@ -132,9 +137,8 @@ def stitch(lo: Trace, hi: Trace) -> Trace | None:
         return {k: {kk: line(d0[k][kk], v) for kk, v in inner.items()} for k, inner in d1.items()}
 
     def names(items: list[str]) -> list[str]:
-        extra = [_renamed(pattern, n, i) for i in range(HIGH, L)
-                 for n in items if _block_of(pattern, n) == last]
-        return list(items) + extra
+        tails = [_split(pattern, n) for n in items if _block_of(pattern, n) == last]
+        return list(items) + [f"{a}{i}{b}" for i in range(HIGH, L) for a, b in tails]
 
     out = replace(
         hi, ops=ops, phase_peaks=phase_peaks, peak_phase=peak_phase,
@@ -179,8 +183,10 @@ def _modules(lo: Trace, hi: Trace, pattern, L: int, line) -> list[ModuleRow]:
                                   line(a.flops_forward, m.flops_forward),
                                   line(a.flops_backward, m.flops_backward)))
         if m is tail:
-            rows.extend(replace(r, name=_renamed(pattern, r.name, i))
-                        for i in range(HIGH, L) for r in block_rows)
+            tails = [(_split(pattern, r.name), r) for r in block_rows]
+            rows.extend(ModuleRow(f"{a}{i}{b}", r.depth, r.params, r.trainable_params,
+                                  r.activation_bytes, r.flops_forward, r.flops_backward)
+                        for i in range(HIGH, L) for (a, b), r in tails)
     return rows
 
 

@@ -11,6 +11,13 @@ read off the line through the anchors (interpolate.py: every op's work and every
 affine in the batch, and the phase peaks and the allocator are replayed on those sizes, so the
 result equals a real trace; tests/test_predict_properties.py). When the two anchors run different
 ops (data-dependent control flow) the micro-batch itself is traced.
+
+One trace serves several targets where their steps are the same: an fp16 job reads its bf16
+twin's trace with the dtype renamed (`half_twin`), a TPU's fp16 AMP step is its bf16 AMP step
+(`same_step`), and flash and memory-efficient attention share a trace where no SDPA call could
+take flash (`attention_twin`: a bias such as ALiBi, a padding mask, fp32, a CNN). The last is
+known only once one of the two is traced, so `fill` traces the memory-efficient one first and the
+flash one only where the first took flash calls (a core that would sit idle traces it anyway).
 """
 from __future__ import annotations
 
@@ -24,7 +31,7 @@ import torch
 
 from ..strategy import SINGLE
 from ..trace import store
-from ..trace.parallel import trace_all
+from ..trace.parallel import IDLE, RUN, SKIP, WAIT, trace_all
 from ..trace.semantics import KernelSemantics
 from ..models import stack_hint
 from ..trace.depth import MIN_BLOCKS
@@ -93,13 +100,14 @@ class Traces:
         self._between: dict[tuple, Trace] = {}
         self._family: dict[tuple, bool] = {}        # do the traces at (lo, hi) run the same ops?
         self._keys: dict[int, tuple] = {}           # id(job) -> (job, its variant key)
-        self._depths: dict[int, tuple] = {}         # id(job) -> (job, blocks its config names)
+        self._depths: dict[tuple, int | None] = {}  # (model, dims) -> blocks its config names
         self._whole: dict[tuple, tuple[Trace, bool]] = {}   # stitched traces (depth.py)
         self._uncut: set[tuple] = set()             # variants traced whole (no stack to cut)
         self._progress = progress
         self._cut = cut
         self._failed: set[tuple] = set()            # traces a worker could not make
         self.deferring: list[tuple] | None = None   # while set: missing traces, recorded
+        self._flash_hint: dict[tuple, bool] = {}    # did a trace of this model take flash?
         self.traced = 0                             # traces made by this cache
         self.loaded = 0                             # traces read from the disk store
 
@@ -116,10 +124,10 @@ class Traces:
         """Whether `job` is traced cut (depth.py): its model names a stack deep enough to cut."""
         if not self._cut or self._key(job, sem) in self._uncut:
             return False
-        hint = self._depths.get(id(job))
-        if hint is None or hint[0] is not job:
-            hint = self._depths[id(job)] = (job, stack_hint(job))
-        return (hint[1] or 0) >= MIN_BLOCKS
+        model = (job.model, job.transformer)     # what stack_hint reads
+        if model not in self._depths:
+            self._depths[model] = stack_hint(job)
+        return (self._depths[model] or 0) >= MIN_BLOCKS
 
     def traced_batches(self, job, sem: KernelSemantics) -> list[int]:
         depth = HIGH if self._cuts(job, sem) else None
@@ -152,18 +160,54 @@ class Traces:
             if twin is not None:          # the bf16 twin's trace, its dtype renamed (half_twin)
                 self._store(key, batch, relabel(self._real(*twin, batch, depth), sem))
                 return self._exact[key + (batch,)]
+            canon = same_step(job, sem)[0]
+            if canon is not job:          # a TPU's fp16 AMP step is its bf16 AMP step
+                self._store(key, batch, self._real(canon, sem, batch, depth))
+                return self._exact[key + (batch,)]
             name = self._load(key, job, sem, batch, depth)
+            shared = None if key + (batch,) in self._exact else self._shared(job, sem, batch, depth)
+            if shared is not None:
+                self._store(key, batch, shared)
             if key + (batch,) in self._exact:
                 return self._exact[key + (batch,)]
             if self.deferring is not None and key + (batch,) not in self._failed:
                 self.deferring.append((job, sem, batch, depth))
                 raise Deferred
+            if sem.attention == "flash" and self._hint(job, sem) is False:
+                first = self._real(job, attention_twin(sem), batch, depth)
+                if first.flash_eligible == 0:   # the same step: shared (attention_twin)
+                    self._store(key, batch, _as(first, sem))
+                    return self._exact[key + (batch,)]
             if self._progress:
                 self._progress(describe(job, sem, batch))
             tr = trace_step(trace_job(job), sem, batch, depth=depth)
             store.save(name, tr)
             self._store(key, batch, tr, "traced")
+            self._learn(job, sem, tr)
         return self._exact[key + (batch,)]
+
+    def _hint(self, job, sem: KernelSemantics) -> bool | None:
+        """Whether traces of this model at this precision took flash (None: none made yet); it
+        only orders tracing, never decides a result (`_shared` checks each trace)."""
+        return self._flash_hint.get((job.model, job.precision.name, job.attention,
+                                     str(sem.autocast_dtype), sem.channels_last))
+
+    def _learn(self, job, sem: KernelSemantics, tr) -> None:
+        if isinstance(tr, Trace) and sem.attention in ("flash", "efficient"):
+            self._flash_hint[(job.model, job.precision.name, job.attention,
+                              str(sem.autocast_dtype), sem.channels_last)] = tr.flash_eligible > 0
+
+    def _shared(self, job, sem: KernelSemantics, batch: int, depth: int | None) -> Trace | None:
+        """The attention twin's trace (`attention_twin`, in memory or on disk) as this one's,
+        where it is the same step; else None."""
+        twin = attention_twin(sem)
+        if twin is None:
+            return None
+        tkey = self._key(job, twin, depth)
+        if tkey + (batch,) not in self._exact:
+            self._load(tkey, job, twin, batch, depth)
+        tr = self._exact.get(tkey + (batch,))
+        return _as(tr, sem) if tr is not None and tr.flash_eligible == 0 else None
 
     def _stitched(self, job, sem: KernelSemantics, batch: int, how: str) -> tuple[Trace, bool] | None:
         """The whole model's trace at `batch` from its cut traces (`how`: "exact" or "at"), or
@@ -200,7 +244,7 @@ class Traces:
         raise when it is asked for. While deferring, the requests are recorded instead."""
         todo = []
         for job, sem, batch in requests:
-            job, sem = half_twin(job, sem) or (job, sem)
+            job, sem = same_step(*(half_twin(job, sem) or (job, sem)))
             todo += [(job, sem, batch, d) for d in ((LOW, HIGH) if self._cuts(job, sem) else (None,))]
         if self.deferring is not None:
             missing = [r for r in todo if self._key(*r[:2], r[3]) + (r[2],) not in self._exact]
@@ -212,7 +256,9 @@ class Traces:
 
     def fill(self, requests: list[tuple], at_least: int = 1) -> None:
         """Trace each (job, semantics, batch, depth) not yet traced, at once on all cores, when
-        there are `at_least` of them."""
+        there are `at_least` of them. A flash trace whose memory-efficient twin is traced in the
+        same call waits for it and is made only if the twin could take flash (`attention_twin`;
+        a free core makes it anyway rather than idle)."""
         todo, seen = [], set()
         for job, sem, batch, depth in requests:
             key = self._key(job, sem, depth) + (batch,)
@@ -224,18 +270,80 @@ class Traces:
         names = {}
         for key, tj, sem, batch, depth in todo:
             names[key] = self._load(key[:-1], tj, sem, batch, depth)
+            if key not in self._exact:
+                shared = self._shared(tj, sem, batch, depth)
+                if shared is not None:
+                    self._store(key[:-1], batch, shared)
         todo = [r for r in todo if r[0] not in self._exact]
         if not todo:
             return
-        if self._progress:
-            for _key, tj, sem, batch, _d in todo:
+        first, then = self._pairs(todo)
+        requests = [r[1:] for r in first]
+        followups = [then[i][1:] if i in then else None for i in range(len(first))]
+
+        def policy(i, done, result):
+            if done and i not in then:
+                self._learn(first[i][1], first[i][2], result)
+                return SKIP
+            if done:
+                self._learn(first[i][1], first[i][2], result)
+                return SKIP if isinstance(result, Trace) and result.flash_eligible == 0 else RUN
+            hint = self._hint(then[i][1], then[i][2])
+            return RUN if hint else WAIT if hint is False else IDLE
+
+        def started(kind, i):
+            if self._progress:
+                _key, tj, sem, batch, _d = first[i] if kind == "r" else then[i]
                 self._progress(describe(tj, sem, batch))
-        for (key, _tj, _sem, _b, _d), tr in zip(todo, trace_all([r[1:] for r in todo])):
-            if isinstance(tr, Trace):
-                store.save(names[key], tr)
-                self._store(key[:-1], key[-1], tr, "traced")
+
+        out = trace_all(requests, followups, policy, started)
+        results, more = out if then else (out, [None] * len(first))
+        for i, ((key, tj, sem, _b, _d), tr) in enumerate(zip(first, results)):
+            self._keep(key, names.get(key), tj, sem, tr, True)
+            if i in then:
+                fkey, ftj, fsem = then[i][:3]
+                if more[i] is not None or not isinstance(tr, Trace):
+                    self._keep(fkey, names.get(fkey), ftj, fsem, more[i], True)
+                else:                     # the same step (policy: not made)
+                    self._keep(fkey, names.get(fkey), ftj, fsem, _as(tr, fsem), False)
+
+    def _pairs(self, todo: list[tuple]) -> tuple[list[tuple], dict[int, tuple]]:
+        """(requests, {i: the flash request that waits for request i}): a flash request whose
+        memory-efficient twin is also asked for, or, where this model's traces have not taken
+        flash (`_hint`), whose twin is added to be traced first."""
+        index = {(key[0], key[1], key[2], key[3]): n for n, (key, *_r) in enumerate(todo)}
+        waiting: dict[int, int | None] = {}
+        for n, (key, tj, sem, batch, depth) in enumerate(todo):
+            if sem.attention != "flash":
+                continue
+            m = index.get((key[0], attention_twin(sem).key(), key[2], key[3]))
+            if m is not None:
+                waiting[n] = m
+            elif self._hint(tj, sem) is False:
+                waiting[n] = None
+        first = [r for n, r in enumerate(todo) if n not in waiting]
+        at = {id(r): i for i, r in enumerate(first)}
+        then = {}
+        for n, m in waiting.items():
+            key, tj, sem, batch, depth = todo[n]
+            if m is None:                 # its twin, traced first
+                twin = attention_twin(sem)
+                first.append((self._key(tj, twin, depth) + (batch,), tj, twin, batch, depth))
+                then[len(first) - 1] = todo[n]
             else:
-                self._failed.add(key)
+                then[at[id(todo[m])]] = todo[n]
+        return first, then
+
+    def _keep(self, key: tuple, name: str | None, tj, sem: KernelSemantics, tr,
+              traced: bool) -> None:
+        """A trace from `fill` (`traced`: made, not shared): cached, stored on disk, learnt
+        from; a failure (or none) recorded as failed."""
+        if isinstance(tr, Trace):
+            store.save(name or store.key(tj, sem, key[-1], key[-2]), tr)
+            self._store(key[:-1], key[-1], tr, "traced" if traced else None)
+            self._learn(tj, sem, tr)
+        else:
+            self._failed.add(key)
 
     def in_rounds(self, tasks: list[Callable]) -> list:
         """Each task's result, the traces they need made in parallel rounds: every round runs
@@ -310,6 +418,30 @@ class Traces:
             if hit is not None:
                 return hit
         return self._at(job, sem, batch, None)
+
+
+def same_step(job, sem: KernelSemantics) -> tuple:
+    """(job, sem) as traced: an fp16 AMP job whose target computes in bf16 (a TPU: XLA runs AMP
+    in bf16, target.py) runs the bf16 AMP job's step, ops, dtypes and all; it is traced as that
+    job, so a plan traces it once for the TPU and for an fp16 GPU's bf16 twin (`half_twin`)."""
+    if sem.autocast_dtype is torch.bfloat16 and job.precision.amp and job.precision.is_fp16:
+        return job.with_(precision=job.precision.with_compute("bf16")), sem
+    return job, sem
+
+
+def attention_twin(sem: KernelSemantics) -> KernelSemantics | None:
+    """The flash semantics' memory-efficient twin and back. The two part only where an SDPA
+    call can take flash (no mask, 16-bit, head dim <= 256: semantics.py `_sdpa`); a step with no
+    such call (an attention bias such as ALiBi, a padding mask, fp32, no SDPA at all: CNNs) runs
+    the same ops, allocations and FLOPs under either, and one trace serves both
+    (`Trace.flash_eligible` == 0)."""
+    other = {"flash": "efficient", "efficient": "flash"}.get(sem.attention)
+    return replace(sem, attention=other) if other else None
+
+
+def _as(tr: Trace, sem: KernelSemantics) -> Trace:
+    """`tr` under semantics `sem` (the same step: `attention_twin`)."""
+    return tr if tr.semantics == sem else replace(tr, semantics=sem)
 
 
 def half_twin(job, sem: KernelSemantics) -> tuple | None:

@@ -5,12 +5,20 @@ variants scale with cores. Workers are forked from the planning process, so they
 imported torch/transformers (no second start-up) and return each `Trace` pickled (about 0.2 MB,
 milliseconds). Where fork is unavailable, one core is available, or `TRAINPLAN_JOBS=1`, traces run
 one after another in this process; results are identical either way.
+
+`trace_all` can also be given follow-ups: a trace that may turn out to be the same step as
+another one (predict/traces.py: flash and memory-efficient attention where no call can take
+flash). Each follow-up waits for its first trace and is made only if `policy` says so once that
+result is in; a core that would otherwise sit idle makes a follow-up whose answer is not known
+yet (as if there were no follow-ups), so the wall time is never longer than tracing both.
 """
 from __future__ import annotations
 
 import atexit
 import multiprocessing
 import os
+import queue
+from collections.abc import Callable
 
 from ..errors import TrainplanError
 from .tracer import Trace, trace_step
@@ -56,13 +64,96 @@ def _pool(n: int):
     return _POOLS[n]
 
 
-def trace_all(requests: list[tuple]) -> list[Trace | TrainplanError]:
+def _result(r):
+    if isinstance(r, tuple):
+        return TrainplanError(r[1], allowed=r[2], fix=r[3])
+    if isinstance(r, BaseException):
+        raise r
+    return r
+
+
+RUN, SKIP, WAIT, IDLE = "run", "skip", "wait", "idle"
+
+
+def trace_all(requests: list[tuple], followups: list[tuple | None] | None = None,
+              policy: Callable | None = None, started: Callable | None = None) -> list:
     """Trace each (job, KernelSemantics, batch, depth: blocks kept or None, trace/depth.py); a
-    failure comes back as its TrainplanError."""
-    n = min(len(requests), workers_available())
-    if n >= 2 and "fork" in multiprocessing.get_all_start_methods():
-        results = _pool(workers_available()).map(_run, requests, chunksize=1)
+    failure comes back as its TrainplanError.
+
+    With `followups` (one request or None per request) the answer is (results, follow-up
+    results), a follow-up's None where it was not made. `policy(i, done, result)` decides
+    follow-up i: RUN (make it now), SKIP (not needed: only once its request is `done`), WAIT
+    (until the request is done) or IDLE (make it if a core is free and nothing else is); it is
+    called with every request's result as it comes in, follow-up or not.
+    `started(kind, i)` is told as request ("r") or follow-up ("f") i starts."""
+    followups = followups or [None] * len(requests)
+    policy = policy or (lambda i, done, result: RUN)
+    started = started or (lambda kind, i: None)
+    n = min(len(requests) + sum(f is not None for f in followups), workers_available())
+    if n < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        results, more = [], [None] * len(requests)
+        for i, r in enumerate(requests):
+            started("r", i)
+            results.append(_result(_run(r)))
+            policy(i, True, results[i])
+        for i, f in enumerate(followups):
+            if f is not None and policy(i, True, results[i]) != SKIP:
+                started("f", i)
+                more[i] = _result(_run(f))
     else:
-        results = [_run(r) for r in requests]
-    return [TrainplanError(r[1], allowed=r[2], fix=r[3]) if isinstance(r, tuple) else r
-            for r in results]
+        results, more = _scheduled(requests, followups, policy, started)
+    return (results, more) if any(f is not None for f in followups) else results
+
+
+def _scheduled(requests, followups, policy, started):
+    """trace_all on the pool: requests first, follow-ups as `policy` lets them (see there)."""
+    pool, workers = _pool(workers_available()), workers_available()
+    done_q: queue.SimpleQueue = queue.SimpleQueue()
+    results: list = [None] * len(requests)
+    more: list = [None] * len(requests)
+    finished = [False] * len(requests)
+    open_f = {i for i, f in enumerate(followups) if f is not None}
+    queued = list(range(len(requests)))
+    busy = 0
+
+    def submit(tag, request):
+        started(*tag)
+        pool.apply_async(_run, (request,), callback=lambda r: done_q.put((tag, r)),
+                         error_callback=lambda e: done_q.put((tag, e)))
+
+    while queued or open_f or busy:
+        for i in sorted(open_f):        # settle what can be settled, start what must run
+            verdict = policy(i, finished[i], results[i])
+            if verdict == SKIP and finished[i]:
+                open_f.discard(i)
+            elif verdict == RUN and busy < workers:
+                open_f.discard(i)
+                submit(("f", i), followups[i])
+                busy += 1
+        while queued and busy < workers:
+            i = queued.pop(0)
+            submit(("r", i), requests[i])
+            busy += 1
+        for i in sorted(open_f):        # a core would sit idle: make a follow-up not known yet
+            if busy >= workers:
+                break
+            if policy(i, finished[i], results[i]) == IDLE:
+                open_f.discard(i)
+                submit(("f", i), followups[i])
+                busy += 1
+        if not busy:
+            if open_f:                  # only follow-ups waiting on nothing: make them
+                for i in sorted(open_f):
+                    submit(("f", i), followups[i])
+                    busy += 1
+                open_f.clear()
+            else:
+                break
+        (kind, i), r = done_q.get()
+        busy -= 1
+        if kind == "r":
+            results[i], finished[i] = _result(r), True
+            policy(i, True, results[i])      # told first: it may learn from the result
+        else:
+            more[i] = _result(r)
+    return results, more

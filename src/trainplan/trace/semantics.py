@@ -110,6 +110,7 @@ class TargetSemantics(TorchFunctionMode):
         self._cast_cache: dict[int, torch.Tensor] = {}
         self._on_weight_cast = on_weight_cast
         self._inside = 0
+        self.flash_eligible = 0     # SDPA calls the flash kernel would take (see `_sdpa`)
 
     def clear_cast_cache(self) -> None:
         """Autocast drops its weight-cast cache when the autocast region exits (end of forward)."""
@@ -193,8 +194,12 @@ class TargetSemantics(TorchFunctionMode):
             k = k.repeat_interleave(rep, dim=-3)
             v = v.repeat_interleave(rep, dim=-3)
         backend = self.sem.attention
-        if backend == "flash" and (attn_mask is not None or q.dtype == torch.float32
-                                   or q.shape[-1] > 256):
+        flash_ok = attn_mask is None and q.dtype != torch.float32 and q.shape[-1] <= 256
+        if backend in ("flash", "efficient") and flash_ok:
+            # the only place "flash" and "efficient" semantics part: a step where no call is
+            # flash_ok runs the same ops either way (predict/traces.py shares such traces)
+            self.flash_eligible += 1
+        if backend == "flash" and not flash_ok:
             # PyTorch's dispatcher: flash takes no arbitrary mask and only fp16/bf16 inputs
             backend = "efficient"
         if backend == "efficient" and q.shape[-1] % 8 != 0:

@@ -128,6 +128,7 @@ class Trace:
     moe_dispatch_elements: int = 0    # T x k x hidden over MoE layers: one all-to-all's payload
     hidden_size: int = 0              # the model's hidden size where it has one (0: unknown)
     stack: Stack | None = None        # traced with its repeated blocks cut (trace/depth.py)
+    flash_eligible: int = 0           # SDPA calls flash would take (semantics.py `_sdpa`)
     # values the prediction layer derives from this trace alone (its op table, the allocator
     # replay), memoised so that every accelerator and strategy reuses them; never compared
     derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -292,7 +293,7 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
 
     return _summarise(job, bundle, semantics, batch, counter, model, grad_bytes, state_bytes,
                       activation_bytes, weight_cast_bytes, act_by_module, blocks, lora_names,
-                      time.perf_counter() - t0, stack)
+                      time.perf_counter() - t0, stack, sem.flash_eligible)
 
 
 def _warm_optimizer(job, params, counter: StepCounter):
@@ -375,7 +376,7 @@ def _untraceable(name: str, e: Exception) -> TrainplanError:
 
 def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_bytes,
                state_bytes, activation_bytes, weight_cast_bytes, act_by_module, blocks,
-               lora_names, seconds, stack=None) -> Trace:
+               lora_names, seconds, stack=None, flash_eligible: int = 0) -> Trace:
     total, trainable = count_parameters(model)
     uniq = {id(p): p for p in model.parameters()}.values()
     weight_bytes = sum(p.numel() * p.element_size() for p in uniq) + \
@@ -423,7 +424,7 @@ def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_
         timeline=_downsample(counter.timeline), alloc_events=counter.events,
         memory_log=counter.memory_log,
         checkpointed_blocks=blocks, lora_modules=lora_names, trace_seconds=seconds, notes=notes,
-        stack=stack)
+        stack=stack, flash_eligible=flash_eligible)
 
 
 def _unit_bytes(model) -> tuple[int, int]:

@@ -1,0 +1,150 @@
+"""Traces one step serves for two targets (predict/traces.py): flash and memory-efficient
+attention where no SDPA call can take flash, and a TPU's fp16 AMP step, which is its bf16 step.
+Each sharing is checked against the real traces it replaces, and the scheduler (trace/parallel.py)
+against tracing everything."""
+import pytest
+import torch
+
+from trainplan.accelerators import get_accelerator
+from trainplan.models.reference import TransformerDims
+from trainplan.precision import BF16_AMP, FP16_AMP
+from trainplan.predict import Traces, evaluate
+from trainplan.predict.target import semantics_for
+from trainplan.predict.traces import attention_twin, same_step
+from trainplan.trace import parallel, store
+from trainplan.trace.semantics import KernelSemantics
+
+from conftest import tiny_job
+
+@pytest.fixture(autouse=True)
+def no_store(monkeypatch):
+    """Count what is traced here, not what an earlier test left in the session's store."""
+    monkeypatch.setenv(store.ENV, "off")
+
+
+FLASH = KernelSemantics(attention="flash", autocast_dtype=torch.bfloat16)
+EFFICIENT = KernelSemantics(attention="efficient", autocast_dtype=torch.bfloat16)
+
+
+def _same_step(a, b) -> bool:
+    ops = [(r.name, r.phase, r.flops, r.bytes, r.dtype, r.module) for r in a.ops]
+    return (ops == [(r.name, r.phase, r.flops, r.bytes, r.dtype, r.module) for r in b.ops]
+            and a.alloc_events == b.alloc_events and a.phase_peaks == b.phase_peaks)
+
+
+def _alibi():
+    """An encoder whose attention takes an ALiBi bias (as GraphMER-SE's): flash never applies."""
+    dims = TransformerDims(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
+                           vocab_size=256, kind="encoder", positional_encoding="alibi")
+    return tiny_job(precision="bf16-amp").with_(transformer=dims)
+
+
+def test_a_step_no_call_of_which_can_take_flash_is_the_same_under_both():
+    from trainplan.trace.tracer import trace_step
+    job = _alibi()
+    flash, efficient = trace_step(job, FLASH, 2), trace_step(job, EFFICIENT, 2)
+    assert flash.flash_eligible == efficient.flash_eligible == 0
+    assert _same_step(flash, efficient)
+
+
+def test_a_causal_bf16_step_takes_flash_and_is_not_shared():
+    from trainplan.trace.tracer import trace_step
+    job = tiny_job(precision="bf16-amp")
+    flash, efficient = trace_step(job, FLASH, 2), trace_step(job, EFFICIENT, 2)
+    assert efficient.flash_eligible > 0 and flash.flash_eligible == efficient.flash_eligible
+    assert any("flash" in r.name for r in flash.ops)
+    assert not _same_step(flash, efficient)
+    traces = Traces()
+    traces.exact(job, EFFICIENT, 2)
+    got = traces.exact(job, FLASH, 2)
+    assert traces.traced == 2 and any("flash" in r.name for r in got.ops)
+
+
+def test_the_cache_serves_the_twin_without_tracing_it(monkeypatch):
+    monkeypatch.setenv("TRAINPLAN_JOBS", "1")
+    job = _alibi()
+    traces = Traces()
+    efficient = traces.exact(job, EFFICIENT, 2)
+    flash = traces.exact(job, FLASH, 2)
+    assert traces.traced == 1
+    assert flash.semantics == FLASH and _same_step(flash, efficient)
+    assert attention_twin(FLASH) == EFFICIENT and attention_twin(EFFICIENT) == FLASH
+    assert attention_twin(KernelSemantics(attention="math")) is None
+
+
+def test_after_one_trace_without_flash_a_flash_request_traces_the_twin_first(monkeypatch):
+    monkeypatch.setenv("TRAINPLAN_JOBS", "1")
+    job = _alibi()
+    traces = Traces()
+    traces.exact(job, EFFICIENT, 2)
+    traces.exact(job, FLASH, 32)            # no twin at 32 yet: traced as efficient, shared
+    assert traces.traced == 2
+    assert traces.exact(job, EFFICIENT, 32).semantics == EFFICIENT
+    assert traces.traced == 2
+
+
+def test_prefetch_of_both_traces_one_per_batch_on_one_core_and_on_two(monkeypatch):
+    job = _alibi()
+    for jobs in ("1", "2"):
+        monkeypatch.setenv("TRAINPLAN_JOBS", jobs)
+        traces = Traces()
+        traces.prefetch([(job, s, b) for s in (FLASH, EFFICIENT) for b in (2, 32)])
+        # the first pair's flash may run on a free core before its twin says it is not needed;
+        # once one trace has said so, the rest wait for their twins
+        assert 2 <= traces.traced <= 3, jobs
+        for b in (2, 32):
+            assert _same_step(traces.exact(job, FLASH, b), traces.exact(job, EFFICIENT, b))
+    monkeypatch.setenv("TRAINPLAN_JOBS", "1")     # one core: nothing runs speculatively
+    traces = Traces()
+    traces.prefetch([(job, s, b) for s in (FLASH, EFFICIENT) for b in (2, 32)])
+    assert traces.traced == 2
+
+
+def test_prefetch_of_a_flash_step_traces_both():
+    job = tiny_job(precision="bf16-amp")
+    traces = Traces()
+    traces.prefetch([(job, s, 2) for s in (FLASH, EFFICIENT)])
+    assert traces.traced == 2
+    assert any("flash" in r.name for r in traces.exact(job, FLASH, 2).ops)
+    assert not any("flash" in r.name for r in traces.exact(job, EFFICIENT, 2).ops)
+
+
+def test_an_fp16_job_on_a_tpu_is_traced_as_its_bf16_step():
+    job = tiny_job(precision="fp16-amp")
+    tpu, t4 = get_accelerator("tpu-v5e-8"), get_accelerator("t4")
+    sem = semantics_for(job, tpu)
+    assert sem.autocast_dtype is torch.bfloat16
+    canon, _ = same_step(job, sem)
+    assert canon.precision == BF16_AMP and same_step(job, semantics_for(job, t4))[0] is job
+    traces = Traces()
+    a = evaluate(job, tpu, traces=traces, strict=False)
+    n = traces.traced
+    b = evaluate(job.with_(precision=BF16_AMP), tpu, traces=traces, strict=False)
+    assert traces.traced == n                # the bf16 job reads the same traces
+    assert a.memory.required_bytes == b.memory.required_bytes
+    assert a.trace.ops[0].dtype == b.trace.ops[0].dtype
+    assert {r.dtype for r in a.trace.ops if r.family == "matmul"} == {"bfloat16"}
+    gpu = evaluate(job, t4, traces=traces)       # a T4's fp16: the same trace, relabelled
+    assert traces.traced == n
+    assert {r.dtype for r in gpu.trace.ops if r.family == "matmul"} == {"float16"}
+    assert FP16_AMP.is_fp16
+
+
+def test_trace_all_follow_ups_follow_the_policy(monkeypatch):
+    """The one-core path: a follow-up is made unless its request's result says skip."""
+    monkeypatch.setenv("TRAINPLAN_JOBS", "1")
+    made = []
+    monkeypatch.setattr(parallel, "_run", lambda r: made.append(r) or r)
+    seen = []
+
+    def policy(i, done, result):
+        seen.append((i, done, result))
+        return parallel.SKIP if result == "a" else parallel.RUN
+
+    out = parallel.trace_all(["a", "b", "c"], [None, "b2", None], policy)
+    assert out == (["a", "b", "c"], [None, "b2", None])
+    assert made == ["a", "b", "c", "b2"]
+    made.clear()
+    out = parallel.trace_all(["a", "b"], ["a2", None], policy)
+    assert out == (["a", "b"], [None, None]) and made == ["a", "b"]
+    assert parallel.trace_all(["a"]) == ["a"]          # no follow-ups: a plain list
