@@ -282,12 +282,10 @@ class Traces:
         followups = [then[i][1:] if i in then else None for i in range(len(first))]
 
         def policy(i, done, result):
-            if done and i not in then:
-                self._learn(first[i][1], first[i][2], result)
-                return SKIP
             if done:
                 self._learn(first[i][1], first[i][2], result)
-                return SKIP if isinstance(result, Trace) and result.flash_eligible == 0 else RUN
+                same = isinstance(result, Trace) and result.flash_eligible == 0
+                return SKIP if i not in then or same else RUN
             hint = self._hint(then[i][1], then[i][2])
             return RUN if hint else WAIT if hint is False else IDLE
 
