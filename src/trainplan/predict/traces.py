@@ -189,13 +189,11 @@ class Traces:
     def _hint(self, job, sem: KernelSemantics) -> bool | None:
         """Whether traces of this model at this precision took flash (None: none made yet); it
         only orders tracing, never decides a result (`_shared` checks each trace)."""
-        return self._flash_hint.get((job.model, job.precision.name, job.attention,
-                                     str(sem.autocast_dtype), sem.channels_last))
+        return self._flash_hint.get(_hint_key(job, sem))
 
     def _learn(self, job, sem: KernelSemantics, tr) -> None:
         if isinstance(tr, Trace) and sem.attention in ("flash", "efficient"):
-            self._flash_hint[(job.model, job.precision.name, job.attention,
-                              str(sem.autocast_dtype), sem.channels_last)] = tr.flash_eligible > 0
+            self._flash_hint[_hint_key(job, sem)] = tr.flash_eligible > 0
 
     def _shared(self, job, sem: KernelSemantics, batch: int, depth: int | None) -> Trace | None:
         """The attention twin's trace (`attention_twin`, in memory or on disk) as this one's,
@@ -435,6 +433,12 @@ def attention_twin(sem: KernelSemantics) -> KernelSemantics | None:
     (`Trace.flash_eligible` == 0)."""
     other = {"flash": "efficient", "efficient": "flash"}.get(sem.attention)
     return replace(sem, attention=other) if other else None
+
+
+def _hint_key(job, sem: KernelSemantics) -> tuple:
+    """What `Traces._hint` is kept by: the model and what decides its SDPA calls' dtype."""
+    return (job.model, job.precision.name, job.attention, str(sem.autocast_dtype),
+            sem.channels_last)
 
 
 def _as(tr: Trace, sem: KernelSemantics) -> Trace:
