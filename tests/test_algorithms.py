@@ -66,6 +66,32 @@ def test_grpo_phases_sum_to_the_step_and_generation_is_counted():
     assert est2.generation.sequences == 6
 
 
+def test_a_plan_traces_its_rollout_forwards_with_its_steps_on_all_cores(monkeypatch):
+    """traces.in_rounds: the generation forwards a round asks for are made in one trace_all
+    call (on all cores) with the round's other traces, and give the phases that tracing them one
+    at a time (estimate, outside rounds) gives."""
+    from trainplan.plan import Planner, make_plan, select_platforms
+    import trainplan.predict.generation as generation
+    import trainplan.predict.traces as traces_mod
+    from trainplan.trace.parallel import Forward
+    monkeypatch.setenv("TRAINPLAN_TRACE_CACHE", "off")
+    monkeypatch.setattr(generation, "_MEMO", {})
+    calls, real = [], traces_mod.trace_all
+
+    def spy(requests, *a, **kw):
+        calls.append(sum(isinstance(r, Forward) for r in requests))
+        return real(requests, *a, **kw)
+    monkeypatch.setattr(traces_mod, "trace_all", spy)
+    job = grpo(steps=10)
+    plan = make_plan(job, select_platforms(["local-rtx-3090"]), planner=Planner(job))
+    assert max(calls) == 3            # prefill, first and last decode step, at once
+    row = plan.platforms[0]
+    monkeypatch.setattr(generation, "_MEMO", {})
+    est = estimate(job.with_(batch_size=row.micro_batch_size, grad_accum=row.grad_accum),
+                   get_accelerator(row.accelerator_id), traces=Traces(), with_max_batch=False)
+    assert row.step_phases_s == pytest.approx(est.step_phases_s, rel=1e-12)
+
+
 def test_beta_runs_the_reference_and_a_full_model_needs_its_copy():
     traces = Traces()
     plain = estimate(grpo(), T4, traces=traces, with_max_batch=False)

@@ -20,6 +20,7 @@ from trainplan.estimate import estimate
 from trainplan.plan import Planner, make_plan, select_platforms
 from trainplan.plan.planner import platform_job
 from trainplan.spec import load_job, validate
+from trainplan.trace.parallel import Forward
 from trainplan.trace.tracer import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,9 +64,16 @@ def real_traces():
         return [memo.get(key(*r)) or failed[key(*r)] for r in requests]
 
     def trace_all(requests, followups=None, policy=None, started=None):
-        """trace_all's contract: each follow-up made once its request is in, unless skipped."""
+        """trace_all's contract: each follow-up made once its request is in, unless skipped;
+        generation forwards (`Forward`, kept by predict/generation.py's own memo) as they come."""
         followups = followups or [None] * len(requests)
-        results, more = traced(requests), [None] * len(requests)
+        steps = [i for i, r in enumerate(requests) if not isinstance(r, Forward)]
+        forwards = [i for i, r in enumerate(requests) if isinstance(r, Forward)]
+        results, more = [None] * len(requests), [None] * len(requests)
+        for i, tr in zip(steps, traced([requests[i] for i in steps])):
+            results[i] = tr
+        for i, tr in zip(forwards, many([requests[i] for i in forwards]) if forwards else []):
+            results[i] = tr
         for i, f in enumerate(followups):
             verdict = policy(i, True, results[i]) if policy else "run"
             if f is not None and verdict != "skip":

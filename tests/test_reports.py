@@ -12,7 +12,11 @@ from html.parser import HTMLParser
 import pytest
 from rich.console import Console
 
+from conftest import tiny_job
 from plan_examples import TINY
+import trainplan.predict.generation as generation
+import trainplan.predict.traces as traces_mod
+from trainplan.algorithm import Rollout
 from trainplan.cli.main import main
 from trainplan.plan import Planner, make_plan, select_platforms
 from trainplan.report import charts
@@ -239,12 +243,39 @@ def test_memory_curve_agrees_with_the_plan(doc):
         p = next(x for x in doc["platforms"] if x["platform_id"] == c["platform_id"])
         pts = c["points"]
         b = [q["micro_batch_size"] for q in pts]
-        assert b == sorted(set(b)) and b[0] == 1
+        assert b == sorted(set(b)) and len(b) >= 2    # the anchors' line, as the plan traced it
         at_plan = next(q for q in pts if q["micro_batch_size"] == p["micro_batch_size"])
         assert at_plan["device_used_bytes"] == p["device_used_bytes"]
         used = [q["device_used_bytes"] for q in pts]
         assert used == sorted(used)                               # more batch never needs less
         assert all(q["fits"] == (q["device_used_bytes"] <= c["capacity_bytes"]) for q in pts)
+
+
+@pytest.mark.parametrize("algorithm", ["sft", "grpo"])
+def test_memory_curves_take_no_trace_the_plan_did_not(algorithm, monkeypatch):
+    """plan/extras.py: the curves read the plan's traces only (training steps and, for a
+    generating job, its rollout's forwards); a micro-batch that would need another is left out."""
+    monkeypatch.setenv("TRAINPLAN_TRACE_CACHE", "off")
+    kw = dict(algorithm="grpo", seq_len=None,
+              rollout=Rollout(generations=2, prompt_len=24, completion_len=8)) \
+        if algorithm == "grpo" else {}
+    job = tiny_job(batch_size=4, steps=10, **kw)
+    platforms = select_platforms(["kaggle-t4x2", "local-rtx-3090"])
+    planner = Planner(job)
+    plan = make_plan(job, platforms, planner=planner)
+    made = planner.traces.traced
+
+    def refuse(*a, **k):
+        raise AssertionError("a memory curve asked for a new trace")
+    for mod, name in ((traces_mod, "trace_step"), (traces_mod, "trace_all"),
+                      (generation, "trace_forward")):
+        monkeypatch.setattr(mod, name, refuse)
+    curves = plan_extras(plan, platforms, planner).memory_curves
+    assert planner.traces.traced == made
+    assert curves or algorithm == "grpo"      # a rollout at another batch needs new forwards
+    for c in curves:
+        p = next(x for x in plan.platforms if x.platform_id == c.platform_id)
+        assert p.micro_batch_size in [q.micro_batch_size for q in c.points]
 
 
 def test_curve_batches():

@@ -201,7 +201,10 @@ def make_plan(job, platforms: list[Platform], optimize: str = "balanced",
     steps, steps_src = steps_for(job, planner.target_batch)
     adapted = [(platform_job(job, p), p) for p in platforms]
     planner.prime([(jp, p) for (jp, _), p in adapted])
-    first = [(jp, p, planner.evaluate(jp, p, planner.per_device(p), 1)) for (jp, _), p in adapted]
+    first = planner.traces.in_rounds([        # rounds: a generating job's rollout forwards too
+        functools.partial(planner.evaluate, jp, p, planner.per_device(p), 1)
+        for (jp, _), p in adapted])
+    first = [(jp, p, c) for ((jp, _), p), c in zip(adapted, first)]
     planner.prime([(jp, p) for jp, p, c in first if not c.fits and planner.per_device(p) > 1],
                   accumulate=True)
     plans = planner.traces.in_rounds([

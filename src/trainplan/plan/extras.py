@@ -12,9 +12,11 @@ HTML and `--format json` render.
 
 Memory against micro-batch. Every point is the prediction core's evaluation of the job at that
 micro-batch (predict/evaluate.py): read off the line through the anchor traces (predict/traces.py,
-the same numbers as a real trace), so the curve costs no trace the plan did not already take.
-Where the anchors do not run the same ops (data-dependent control flow) nothing can be read off
-their line, and the curve keeps only the micro-batches already traced. With P = ceil(target batch /
+the same numbers as a real trace). The curve costs no trace the plan did not already take
+(`Traces.made_only`): where the plan did not trace both anchors, or they do not run the same ops
+(data-dependent control flow), nothing is read off their line and the curve keeps the
+micro-batches already traced; a point that needs another trace (a generating job's rollout at
+another batch) is left out, and a curve left with one point is not drawn. With P = ceil(target batch /
 devices) the per-device batch: when the plan runs P with no accumulation, hi = max(2P, 8), so the
 chart shows how far the headroom goes; when it accumulates, hi = P - 1, the largest micro-batch that
 still needs accumulation (the planner's own search range). The job is the job as planned on that
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from ..accelerators import get_accelerator
 from ..errors import TrainplanError
 from ..predict.target import semantics_for
+from ..predict.traces import Deferred
 from .fixes import apply
 from .planner import platform_job
 
@@ -102,25 +105,39 @@ def _variant(planner, platform, pp):
 
 def memory_curve(planner, platform, pp) -> MemoryCurve | None:
     """Device memory against micro-batch for `pp` (a PlatformPlan) on `platform`, or None
-    when the plan has no micro-batch there (the job cannot run on it at all)."""
+    when the plan has no micro-batch there (the job cannot run on it at all) or fewer than two
+    micro-batches can be read without another trace. Only from the
+    traces the plan took (`Traces.made_only`): a micro-batch that would need another trace (off
+    the anchors' line, or a generating job's rollout at another batch) is left out."""
     if pp.micro_batch_size is None or pp.grad_accum is None:
         return None
     jv = _variant(planner, platform, pp)
     per_device = planner.per_device(platform)
     batches = curve_batches(per_device, pp.micro_batch_size, pp.grad_accum > 1)
     sem = semantics_for(jv, platform.accelerator)
-    try:
-        if not planner.traces.on_line(jv, sem):
-            # the op sequence changes with the batch: nothing can be read off the anchors' line,
-            # and tracing every point is too slow for a chart; keep the micro-batches traced
+    pts = []
+    with planner.traces.made_only():
+        try:
+            line = planner.traces.on_line(jv, sem)
+        except Deferred:             # an anchor the plan did not trace
+            line = False
+        except TrainplanError:
+            return None
+        if not line:
+            # nothing can be read off the anchors' line (not traced, or the op sequence changes
+            # with the batch): keep the micro-batches traced
             traced = planner.traces.traced_batches(jv, sem)
             batches = [b for b in batches if b in traced]
-        pts = []
         for b in batches:
-            cfg = planner.evaluate(jv, platform, b, pp.grad_accum)
+            try:
+                cfg = planner.evaluate(jv, platform, b, pp.grad_accum)
+            except Deferred:         # would need a trace the plan did not take
+                continue
+            except TrainplanError:
+                return None
             pts.append(CurvePoint(b, int(cfg.memory.device_used_bytes), bool(cfg.memory.fits),
                                   bool(cfg.interpolated)))
-    except TrainplanError:
+    if len(pts) < 2:                 # one point is the plan's own row: no curve
         return None
     return MemoryCurve(pp.platform_id, pp.accelerator_id, pp.devices, pp.grad_accum,
                        pp.capacity_bytes, pp.micro_batch_size, per_device, tuple(pts))

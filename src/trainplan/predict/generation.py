@@ -54,6 +54,8 @@ from ..trace.generate import InferenceTrace, kv_cache_bytes, trace_forward
 from .comm import collective_s
 from .target import semantics_for
 from .timing import load_efficiency, op_times, summarize
+from ..trace.parallel import Forward
+from .traces import Deferred, defer_forward, may_trace
 
 ENGINES = ("hf", "vllm")
 VLLM_MEMORY_UTILIZATION = 0.9        # vLLM EngineArgs.gpu_memory_utilization default
@@ -128,17 +130,43 @@ def forward_job(job):
 
 def _traced(job, sem, batch: int, new_tokens: int, context: int) -> InferenceTrace:
     """trace_forward, once per process and kept in the disk store (trace/store.py): a plan asks
-    for the same rollout on every rung of every platform's ladder."""
+    for the same rollout on every rung of every platform's ladder. While a plan runs its tasks
+    in rounds (traces.in_rounds) a forward not made yet is made with the round's other traces,
+    on all cores (`defer_forward`)."""
     tj = forward_job(job)
     memo = (repr(tj), repr(sem), batch, new_tokens, context)
     if memo not in _MEMO:
         name = store.key(tj, sem, batch, f"forward {new_tokens} at {context}")
         tr = store.load(name)
         if tr is None:
+            def keep(made):
+                if isinstance(made, InferenceTrace):
+                    store.save(name, made)
+                _MEMO[memo] = made
+
+            defer_forward(memo, Forward(tj, sem, batch, new_tokens, context), keep)
+            if not may_trace():       # within Traces.made_only(): not traced now
+                raise Deferred
             tr = trace_forward(tj, sem, batch, new_tokens, context)
             store.save(name, tr)
         _MEMO[memo] = tr
+    if isinstance(_MEMO[memo], BaseException):    # a forward that could not be traced
+        raise _MEMO[memo]
     return _MEMO[memo]
+
+
+def _all_traced(job, sem, forwards: list[tuple]) -> list[InferenceTrace]:
+    """`_traced` for each (batch, new_tokens, context); where some are deferred, all of them
+    are asked for first, so that one round makes them together."""
+    out, deferred = [], None
+    for f in forwards:
+        try:
+            out.append(_traced(job, sem, *f))
+        except Deferred as e:
+            deferred = e
+    if deferred is not None:
+        raise deferred
+    return out
 
 
 def estimate_generation(job, accel, *, prompts: int, generations_per_prompt: int = 1,
@@ -162,13 +190,14 @@ def estimate_generation(job, accel, *, prompts: int, generations_per_prompt: int
     n_dev = sharded_weights_devices
     B, P, C = prompts * generations_per_prompt, prompt_len, completion_len
     prefill_batch = prompts if engine == "vllm" else B
-    pre = _traced(job, sem, prefill_batch, P, 0)
     n = C - 1
     t0, t1 = P, P + max(C - 2, 0)
     if engine == "vllm":      # the context's part in closed form (module docstring): trace at 1
         t0 = t1 = 1
-    d0 = _traced(job, sem, B, 1, t0) if n else None
-    d1 = (_traced(job, sem, B, 1, t1) if t1 != t0 else d0) if n else None
+    decode = [(B, 1, t0)] + ([(B, 1, t1)] if t1 != t0 else []) if n else []
+    pre, *steps = _all_traced(job, sem, [(prefill_batch, P, 0)] + decode)
+    d0 = steps[0] if n else None
+    d1 = steps[-1] if n else None
 
     gather = (0.0, 0.0)
     per_device_w = pre.weight_bytes

@@ -22,6 +22,8 @@ flash one only where the first took flash calls (a core that would sit idle trac
 from __future__ import annotations
 
 import bisect
+import contextlib
+import contextvars
 import copy
 import functools
 from collections.abc import Callable
@@ -31,7 +33,7 @@ import torch
 
 from ..strategy import SINGLE
 from ..trace import store
-from ..trace.parallel import IDLE, RUN, SKIP, WAIT, trace_all
+from ..trace.parallel import IDLE, RUN, SKIP, WAIT, Forward, trace_all
 from ..trace.semantics import KernelSemantics
 from ..models import stack_hint
 from ..trace.depth import MIN_BLOCKS
@@ -84,8 +86,38 @@ def describe(job, sem: KernelSemantics, batch: int) -> str:
             f"{str(sem.autocast_dtype).replace('torch.', '') if sem.autocast_dtype else 'no autocast'})")
 
 
+def describe_forward(job, sem: KernelSemantics, batch: int, new_tokens: int, context: int) -> str:
+    """The progress line for one generation forward."""
+    what = f"prefill of {new_tokens} tokens" if not context else f"decode at context {context}"
+    return f"tracing {job.model_label} generation ({batch} sequences, {what})"
+
+
 class Deferred(Exception):
-    """A trace that is not made yet was asked for while `Traces.deferring` (see `in_rounds`)."""
+    """A trace that is not made yet was asked for while `Traces.deferring` (see `in_rounds`) or
+    within `Traces.made_only`."""
+
+
+_MAKING = contextvars.ContextVar("trainplan_making_traces", default=True)
+
+
+def may_trace() -> bool:
+    """False within `Traces.made_only()`: what is not traced yet is not traced then (the
+    generation forwards of predict/generation.py read this)."""
+    return _MAKING.get()
+
+
+_FORWARDS = contextvars.ContextVar("trainplan_pending_forwards", default=None)
+
+
+def defer_forward(key, request: Forward, keep: Callable) -> None:
+    """A generation forward not traced yet (predict/generation.py). Within `Traces.in_rounds`
+    it is made with the round's other traces, on all cores: recorded under `key` with
+    `keep(trace or TrainplanError)`, which caches it, and the task deferred (`Deferred`).
+    Outside, or within `made_only`, nothing is recorded: the caller traces it now (or not)."""
+    pending = _FORWARDS.get()
+    if pending is not None and may_trace():
+        pending.append((key, request, keep))
+        raise Deferred
 
 
 class Traces:
@@ -252,9 +284,10 @@ class Traces:
             return
         self.fill(todo, at_least=2)
 
-    def fill(self, requests: list[tuple], at_least: int = 1) -> None:
+    def fill(self, requests: list[tuple], at_least: int = 1, forwards: list[tuple] = ()) -> None:
         """Trace each (job, semantics, batch, depth) not yet traced, at once on all cores, when
-        there are `at_least` of them. A flash trace whose memory-efficient twin is traced in the
+        there are `at_least` of them, and each generation forward (key, `Forward`, keep) of
+        `defer_forward`. A flash trace whose memory-efficient twin is traced in the
         same call waits for it and is made only if the twin could take flash (`attention_twin`;
         a free core makes it anyway rather than idle)."""
         todo, seen = [], set()
@@ -263,7 +296,8 @@ class Traces:
             if key not in self._exact and key not in seen and key not in self._failed:
                 seen.add(key)
                 todo.append((key, trace_job(job), sem, batch, depth))
-        if len(todo) < at_least:
+        fwd = list({key: (request, keep) for key, request, keep in forwards}.values())
+        if len(todo) + len(fwd) < at_least:
             return
         names = {}
         for key, tj, sem, batch, depth in todo:
@@ -273,13 +307,16 @@ class Traces:
                 if shared is not None:
                     self._store(key[:-1], batch, shared)
         todo = [r for r in todo if r[0] not in self._exact]
-        if not todo:
+        if not todo and not fwd:
             return
         first, then = self._pairs(todo)
-        requests = [r[1:] for r in first]
-        followups = [then[i][1:] if i in then else None for i in range(len(first))]
+        steps = len(first)
+        requests = [r[1:] for r in first] + [request for request, _keep in fwd]
+        followups = [then[i][1:] if i in then else None for i in range(steps)] + [None] * len(fwd)
 
         def policy(i, done, result):
+            if i >= steps:
+                return SKIP
             if done:
                 self._learn(first[i][1], first[i][2], result)
                 same = isinstance(result, Trace) and result.flash_eligible == 0
@@ -288,12 +325,19 @@ class Traces:
             return RUN if hint else WAIT if hint is False else IDLE
 
         def started(kind, i):
-            if self._progress:
-                _key, tj, sem, batch, _d = first[i] if kind == "r" else then[i]
-                self._progress(describe(tj, sem, batch))
+            if not self._progress:
+                return
+            if i >= steps:
+                f = fwd[i - steps][0]
+                self._progress(describe_forward(f.job, f.sem, f.batch, f.new_tokens, f.context))
+                return
+            _key, tj, sem, batch, _d = first[i] if kind == "r" else then[i]
+            self._progress(describe(tj, sem, batch))
 
         out = trace_all(requests, followups, policy, started)
-        results, more = out if then else (out, [None] * len(first))
+        results, more = out if then else (out, [None] * len(requests))
+        for (_request, keep), tr in zip(fwd, results[steps:]):
+            keep(tr)
         for i, ((key, tj, sem, _b, _d), tr) in enumerate(zip(first, results)):
             self._keep(key, names.get(key), tj, sem, tr, True)
             if i in then:
@@ -341,16 +385,30 @@ class Traces:
         else:
             self._failed.add(key)
 
+    @contextlib.contextmanager
+    def made_only(self):
+        """Within: read only traces made already (in this cache, or in the disk store from an
+        earlier run); asking for any other raises `Deferred`, generation forwards included, so
+        the caller leaves out what would need a new trace (plan/extras.py's memory curves)."""
+        old, token = self.deferring, _MAKING.set(False)
+        self.deferring = []
+        try:
+            yield
+        finally:
+            self.deferring = old
+            _MAKING.reset(token)
+
     def in_rounds(self, tasks: list[Callable]) -> list:
         """Each task's result, the traces they need made in parallel rounds: every round runs
         the unfinished tasks until each asks for a trace not made yet (`Deferred`), then makes all
-        of those at once on all cores. A task restarts from its beginning each round; what it
+        of those at once on all cores (generation forwards too: `defer_forward`). A task restarts from its beginning each round; what it
         computed before is cached (planner.py), so a round costs the new traces only. The
         results are those of running the tasks one after another."""
         results: dict[int, object] = {}
         pending = list(range(len(tasks)))
         while pending:
-            self.deferring, still = [], []
+            self.deferring, still, forwards = [], [], []
+            token = _FORWARDS.set(forwards)
             try:
                 for i in pending:
                     try:
@@ -360,9 +418,10 @@ class Traces:
                 requests = self.deferring
             finally:
                 self.deferring = None
-            if still and not requests:
+                _FORWARDS.reset(token)
+            if still and not requests and not forwards:
                 raise RuntimeError("a task deferred without naming a trace")
-            self.fill(requests)
+            self.fill(requests, forwards=forwards)
             pending = still
         return [results[i] for i in range(len(tasks))]
 

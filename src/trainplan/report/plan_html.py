@@ -26,7 +26,7 @@ from . import charts
 from ..plan.extras import ReportExtras
 from .plan_document import document, resolve
 from .sources import anchor, source_entries
-from .plan_tables import (CAMPAIGN, CATALOG, COST, CURVE, FIXES, HARDWARE, PERFORMANCE, SESSIONS, STORAGE,
+from .plan_tables import (CAMPAIGN, CATALOG, COST, CURVE, NO_CURVE, FIXES, HARDWARE, PERFORMANCE, SESSIONS, STORAGE,
                           VERDICTS, Cell, chosen_index, fmt_by_key, memory_columns, phase_columns,
                           platform_rows, problem_platforms, rows, settings_rows,
                           campaign_lines, campaign_rows)
@@ -240,7 +240,7 @@ def _curves(doc: dict) -> list[str]:
                    f"micro-batch {fmt_int(c['planned_micro_batch_size'])} x {fmt_int(c['grad_accum'])} accumulation</p>")
         bases = [f"memory_vs_micro_batch[{k}].points[{j}]" for j in range(len(c["points"]))]
         out.append(_cols_table(doc, bases, CURVE))
-    return out or ["<p>Not computed for this report (it needs the plan's traces).</p>"]
+    return out or [f"<p>{escape(NO_CURVE)}</p>"]
 
 
 def _checks(items: list[dict]) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..plan.extras import ReportExtras
 from .plan_document import document
-from .plan_tables import (CAMPAIGN, CATALOG, COST, CURVE, FIXES, HARDWARE, PERFORMANCE, SESSIONS, STORAGE,
+from .plan_tables import (CAMPAIGN, CATALOG, COST, CURVE, NO_CURVE, FIXES, HARDWARE, PERFORMANCE, SESSIONS, STORAGE,
                           VERDICTS, Cell, chosen_index, fmt_by_key, memory_columns, phase_columns,
                           platform_rows, problem_platforms, rows, settings_rows,
                           campaign_lines, campaign_rows)
@@ -91,7 +91,7 @@ def _settings(doc: dict) -> list[str]:
 def _curves(doc: dict) -> list[str]:
     curves = doc.get("memory_vs_micro_batch") or []
     if not curves:
-        return ["Not computed for this report (it needs the plan's traces)."]
+        return [NO_CURVE]
     out = ["Device memory is affine in the micro-batch for a fixed input shape; points between "
            "two traced micro-batches are interpolated (an upper bound)."]
     for k, c in enumerate(curves):

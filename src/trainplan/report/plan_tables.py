@@ -292,6 +292,9 @@ FIXES = (
     Column("note", "note", T, align=L),
 )
 
+# what the reports say where a plan has no memory curve (plan/extras.py `memory_curve`)
+NO_CURVE = ("No curve: memory at other micro-batches than the plan's own would need traces the "
+            "plan did not take (a rollout at another batch, or a micro-batch off the traced line).")
 CURVE = (
     Column("micro-batch", "micro_batch_size", "int"),
     Column("device used", "device_used_bytes", "bytes"),

@@ -19,9 +19,22 @@ import multiprocessing
 import os
 import queue
 from collections.abc import Callable
+from typing import NamedTuple
 
 from ..errors import TrainplanError
+from .generate import trace_forward
 from .tracer import Trace, trace_step
+
+
+class Forward(NamedTuple):
+    """A request for one inference forward (trace/generate.py `trace_forward`) instead of a
+    training step: generation's prefill and decode steps, traced beside the steps."""
+
+    job: object
+    sem: object
+    batch: int
+    new_tokens: int
+    context: int
 
 
 def workers_available() -> int:
@@ -40,8 +53,10 @@ def workers_available() -> int:
 
 
 def _run(request) -> Trace | tuple:
-    job, sem, batch, depth = request
     try:
+        if isinstance(request, Forward):
+            return trace_forward(*request)
+        job, sem, batch, depth = request
         return trace_step(job, sem, batch, depth=depth)
     except TrainplanError as e:   # keyword-only fields: sent back as a plain tuple
         return ("error", e.what, e.allowed, e.fix)
@@ -65,7 +80,7 @@ def _pool(n: int):
 
 
 def _result(r):
-    if isinstance(r, tuple):
+    if isinstance(r, tuple) and r and r[0] == "error":
         return TrainplanError(r[1], allowed=r[2], fix=r[3])
     if isinstance(r, BaseException):
         raise r
@@ -77,8 +92,8 @@ RUN, SKIP, WAIT, IDLE = "run", "skip", "wait", "idle"
 
 def trace_all(requests: list[tuple], followups: list[tuple | None] | None = None,
               policy: Callable | None = None, started: Callable | None = None) -> list:
-    """Trace each (job, KernelSemantics, batch, depth: blocks kept or None, trace/depth.py); a
-    failure comes back as its TrainplanError.
+    """Trace each (job, KernelSemantics, batch, depth: blocks kept or None, trace/depth.py), or
+    each `Forward`; a failure comes back as its TrainplanError.
 
     With `followups` (one request or None per request) the answer is (results, follow-up
     results), a follow-up's None where it was not made. `policy(i, done, result)` decides
