@@ -68,8 +68,9 @@ def test_grpo_phases_sum_to_the_step_and_generation_is_counted():
 
 def test_a_plan_traces_its_rollout_forwards_with_its_steps_on_all_cores(monkeypatch):
     """traces.in_rounds: the generation forwards a round asks for are made in one trace_all
-    call (on all cores) with the round's other traces, and give the phases that tracing them one
-    at a time (estimate, outside rounds) gives."""
+    call (on all cores) with the training steps they go with (evaluate asks for both where the
+    steps are deferred), and give the phases that tracing them one at a time (estimate, outside
+    rounds) gives."""
     from trainplan.plan import Planner, make_plan, select_platforms
     import trainplan.predict.generation as generation
     import trainplan.predict.traces as traces_mod
@@ -79,12 +80,14 @@ def test_a_plan_traces_its_rollout_forwards_with_its_steps_on_all_cores(monkeypa
     calls, real = [], traces_mod.trace_all
 
     def spy(requests, *a, **kw):
-        calls.append(sum(isinstance(r, Forward) for r in requests))
+        forwards = sum(isinstance(r, Forward) for r in requests)
+        calls.append((len(requests) - forwards, forwards))
         return real(requests, *a, **kw)
     monkeypatch.setattr(traces_mod, "trace_all", spy)
     job = grpo(steps=10)
     plan = make_plan(job, select_platforms(["local-rtx-3090"]), planner=Planner(job))
-    assert max(calls) == 3            # prefill, first and last decode step, at once
+    # prefill, first and last decode step at once, with the training steps they go with
+    assert any(steps and forwards == 3 for steps, forwards in calls), calls
     row = plan.platforms[0]
     monkeypatch.setattr(generation, "_MEMO", {})
     est = estimate(job.with_(batch_size=row.micro_batch_size, grad_accum=row.grad_accum),

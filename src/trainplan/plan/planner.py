@@ -33,7 +33,8 @@ from ..platforms import Platform
 from ..predict import BUNDLED_ONLY, Calibration, Evaluation, Traces, evaluate, largest_micro_batch
 from ..predict import compat
 from ..predict.traces import anchors_for
-from ..predict.target import semantics_for
+from ..predict.algorithms import request_rollout
+from ..predict.target import devices as devices_of, semantics_for
 from ..strategy import DDP, DP, SINGLE
 from . import cost as cost_mod
 from . import sessions as ses
@@ -225,14 +226,19 @@ class Planner:
     def prime(self, jobs_platforms, accumulate: bool = False) -> None:
         """Trace at once, on all cores, what many platforms share: per traced variant and kernel
         semantics, what evaluating the per-device batch P reads (predict/traces.py: the two
-        anchors, and micro-batch 1 where P is 1); with `accumulate`, the same with gradients
-        accumulating."""
+        anchors, and micro-batch 1 where P is 1), and a generating job's rollout forwards at P;
+        with `accumulate`, the steps with gradients accumulating."""
         requests = []
         for jv, p in jobs_platforms:
             sem = semantics_for(jv, p.accelerator)
             jt = jv.with_(grad_accum=2 if accumulate else 1)
             requests += [(jt, sem, a) for a in anchors_for(jt, self.per_device(p))]
-        self.traces.prefetch(requests)
+
+        def rollouts():        # a generating job's rollout at P, traced beside the steps
+            for jv, p in jobs_platforms:
+                at_p = jv.with_(batch_size=self.per_device(p), grad_accum=1)
+                request_rollout(at_p, p.accelerator, devices_of(at_p, p.accelerator))
+        self.traces.prefetch(requests, [] if accumulate else self.traces.asked(rollouts))
 
     # --- the ladder -------------------------------------------------------------------------
     def ladder(self, jv, platform: Platform, cfg: Config, rungs=LADDER, need=None):

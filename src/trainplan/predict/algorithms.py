@@ -107,20 +107,42 @@ def step(job, accel: Accelerator, trace, mem: MemoryEstimate, time, devices: int
     return AlgorithmStep(phases, memory, gen, tuple(notes))
 
 
+def _rollout(job, devices: int) -> dict:
+    """The generation model's arguments for the job's rollout (each device generates what it
+    trains on: micro-batch x accumulation sequences)."""
+    r = job.rollout
+    sharded = _sharded(job, devices) if r.engine == "hf" else 1
+    return dict(prompts=max(1, job.batch_size) * max(1, job.grad_accum), generations_per_prompt=1,
+                prompt_len=r.prompt_len, completion_len=r.completion_len,
+                engine="hf" if r.engine == "hf" else "vllm", sharded_weights_devices=sharded,
+                gather_once=sharded > 1 and job.strategy.name.startswith("zero")
+                and r.gather_for_generation,
+                gpu_memory_utilization=r.gpu_memory_utilization
+                if r.engine == "vllm-colocate" else None)
+
+
+def request_rollout(job, accel: Accelerator, devices: int) -> None:
+    """Ask for the rollout's traced forwards without waiting for them: called where the
+    training step's traces are deferred (traces.in_rounds), so that one round makes both."""
+    if job.algorithm not in GENERATES:
+        return
+    from ..errors import TrainplanError
+    from .generation import estimate_generation
+    from .traces import Deferred
+    try:
+        estimate_generation(job, accel, **_rollout(job, devices))
+    except (Deferred, TrainplanError):    # an error is raised again where the step is evaluated
+        pass
+
+
 def _generation(job, accel, trace, mem, devices, generate):
     """(estimate, seconds per step, device bytes at the generation peak, notes)."""
     if generate is None:
         from .generation import estimate_generation as generate
     r, n = job.rollout, devices
-    seqs = max(1, job.batch_size) * max(1, job.grad_accum)
-    sharded = _sharded(job, n) if r.engine == "hf" else 1
-    once = sharded > 1 and job.strategy.name.startswith("zero") and r.gather_for_generation
-    est = generate(job, accel, prompts=seqs, generations_per_prompt=1, prompt_len=r.prompt_len,
-                   completion_len=r.completion_len,
-                   engine="hf" if r.engine == "hf" else "vllm",
-                   sharded_weights_devices=sharded, gather_once=once,
-                   gpu_memory_utilization=r.gpu_memory_utilization
-                   if r.engine == "vllm-colocate" else None)
+    args = _rollout(job, n)
+    seqs, sharded, once = args["prompts"], args["sharded_weights_devices"], args["gather_once"]
+    est = generate(job, accel, **args)
     seconds = est.total_s
     notes = [f"generation: {seqs} sequences of {r.prompt_len} + {r.completion_len} tokens per "
              f"device and step ({r.engine}; bound by {est.bound})"]

@@ -29,7 +29,7 @@ from .memory import (NO_FIT, MemoryEstimate, estimate_memory, fit_band, fragment
                      fragmentation_between)
 from .target import devices, semantics_for
 from .timing import StepTime, estimate_step_time
-from .traces import Traces, anchors, anchors_for
+from .traces import Deferred, Traces, anchors, anchors_for
 
 MAX_MICRO_BATCH = 65536    # the search's ceiling: beyond it the answer is this bound
 
@@ -134,8 +134,12 @@ def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
     traces = traces or Traces()
     findings = compat.check(job, accel, strict=strict)
     sem = semantics_for(job, accel)
-    traces.prefetch([(job, sem, b) for b in anchors_for(job, job.batch_size)])
-    tr, interpolated, mem = memory_at(job, accel, traces, sem, job.batch_size)
+    try:
+        traces.prefetch([(job, sem, b) for b in anchors_for(job, job.batch_size)])
+        tr, interpolated, mem = memory_at(job, accel, traces, sem, job.batch_size)
+    except Deferred:      # in rounds: the rollout's forwards are made in the same round
+        algorithms.request_rollout(job, accel, devices(job, accel))
+        raise
     time = calibration.apply(estimate_step_time(tr, accel, job, calibration.params,
                                                 cpu_cores=cpu_cores), accel.id)
     phases = generation = None

@@ -268,10 +268,11 @@ class Traces:
                 return hit[0]
         return self._real(job, sem, batch)
 
-    def prefetch(self, requests: list[tuple]) -> None:
+    def prefetch(self, requests: list[tuple], forwards: list[tuple] = ()) -> None:
         """Trace each (job, semantics, batch) not yet traced, in parallel where cores allow
-        (trace/parallel.py); a cut model's two cut traces. A failure is left for `exact` to
-        raise when it is asked for. While deferring, the requests are recorded instead."""
+        (trace/parallel.py); a cut model's two cut traces; with the generation `forwards`
+        (`asked`). A failure is left for `exact` to raise when it is asked for. While
+        deferring, the requests are recorded instead."""
         todo = []
         for job, sem, batch in requests:
             job, sem = same_step(*(half_twin(job, sem) or (job, sem)))
@@ -282,7 +283,19 @@ class Traces:
                 self.deferring.extend(missing)
                 raise Deferred
             return
-        self.fill(todo, at_least=2)
+        self.fill(todo, at_least=2, forwards=forwards)
+
+    @staticmethod
+    def asked(ask: Callable) -> list[tuple]:
+        """The generation forwards not traced yet that `ask()` asks for (`defer_forward`),
+        recorded for `prefetch` or `fill` instead of traced."""
+        forwards: list[tuple] = []
+        token = _FORWARDS.set(forwards)
+        try:
+            ask()
+        finally:
+            _FORWARDS.reset(token)
+        return forwards
 
     def fill(self, requests: list[tuple], at_least: int = 1, forwards: list[tuple] = ()) -> None:
         """Trace each (job, semantics, batch, depth) not yet traced, at once on all cores, when
