@@ -1,0 +1,78 @@
+"""Run one `trainplan` command and show what it traced, round by round (where a plan's time goes).
+
+Run: python scripts/trace_rounds.py plan examples/chart-rvr-grpo.yaml
+     (any `trainplan` arguments; its output goes to stdout as usual, this report to stderr)
+
+For every call of trace/parallel.py's `trace_all` made by predict/traces.py (one round of traces
+on all cores): each training step asked for (micro-batch, attention kernel, the job's
+checkpointing, LoRA, quantisation, optimizer, accumulation, sequence length) and each generation
+forward (`Forward`: sequences, new tokens, context), how many follow-ups it made, its wall time
+and when it started; then every trace made one at a time in this process, and the total. Set
+TRAINPLAN_TRACE_CACHE to an empty folder for a cold run (nothing read from the trace store).
+The README's "Speed of analysis" cites runs of this script.
+"""
+import os
+import sys
+import time
+
+import trainplan.predict.generation as generation
+import trainplan.predict.traces as traces
+from trainplan.trace.parallel import Forward
+
+T0 = time.perf_counter()
+
+
+def _step(job, sem, batch, depth=None) -> str:
+    return (f"step b={batch}{'' if depth is None else f' cut to {depth}'} {sem.attention} "
+            f"ckpt={job.grad_checkpointing} lora={'yes' if job.lora else 'no'} "
+            f"quant={job.quantize} opt={job.optimizer} accum={job.grad_accum} seq={job.seq_len}")
+
+
+def _forward(f: Forward) -> str:
+    return f"forward b={f.batch} new={f.new_tokens} context={f.context} {f.sem.attention}"
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    all_at_once, one, fwd = traces.trace_all, traces.trace_step, generation.trace_forward
+
+    def trace_all(requests, followups=None, policy=None, started=None):
+        t = time.perf_counter()
+        out = all_at_once(requests, followups, policy, started)
+        more = out[1] if isinstance(out, tuple) else [None] * len(requests)
+        _say(f"round at {t - T0:.0f} s: {len(requests)} traces, "
+             f"{sum(m is not None for m in more)} follow-ups, {time.perf_counter() - t:.1f} s")
+        for r in requests:
+            _say("  " + (_forward(r) if isinstance(r, Forward) else _step(*r)))
+        return out
+
+    def trace_step(job, sem, batch=None, *a, depth=None, **kw):
+        t = time.perf_counter()
+        out = one(job, sem, batch, *a, depth=depth, **kw)
+        _say(f"one at a time: {_step(job, sem, batch, depth)}, {time.perf_counter() - t:.1f} s")
+        return out
+
+    def trace_forward(job, sem, batch, new_tokens, context):
+        t = time.perf_counter()
+        out = fwd(job, sem, batch, new_tokens, context)
+        _say(f"one at a time: {_forward(Forward(job, sem, batch, new_tokens, context))}, "
+             f"{time.perf_counter() - t:.1f} s")
+        return out
+
+    traces.trace_all, traces.trace_step, generation.trace_forward = \
+        trace_all, trace_step, trace_forward
+    from trainplan.cli.main import main as trainplan
+    try:
+        code = trainplan(sys.argv[1:])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    _say(f"total {time.perf_counter() - T0:.1f} s")
+    sys.stdout.flush()
+    os._exit(code or 0)      # as the CLI does: no interpreter tear-down of the worker pool
+
+
+if __name__ == "__main__":
+    main()
