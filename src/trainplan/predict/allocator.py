@@ -88,7 +88,7 @@ class CachingAllocatorModel:
             lst.pop(i)
 
     def malloc(self, key: int, nbytes: int) -> None:
-        size = _round(nbytes)
+        size = MIN_BLOCK if nbytes <= MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
         small = size <= SMALL_SIZE
         lst = self._free[small]
         i = bisect.bisect_left(lst, (size, -1, -1))
@@ -105,7 +105,8 @@ class CachingAllocatorModel:
             self._nseg += 1
             self._seg_size[seg] = seg_size
             self.reserved += seg_size
-            self.peak_reserved = max(self.peak_reserved, self.reserved)
+            if self.reserved > self.peak_reserved:
+                self.peak_reserved = self.reserved
             block = _Block(seg, 0, seg_size)
             self._blocks[(seg, 0)] = block
             self._seg_blocks[seg] = [0]
@@ -120,11 +121,13 @@ class CachingAllocatorModel:
         block.free = False
         self._live[key] = block
         self.allocated += block.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
         live = self._seg_live.get(block.seg, 0)
         if live == 0:
             self.pinned += self._seg_size[block.seg]
-            self.peak_pinned = max(self.peak_pinned, self.pinned)
+            if self.pinned > self.peak_pinned:
+                self.peak_pinned = self.pinned
         self._seg_live[block.seg] = live + 1
 
     def _release_cached_segments(self) -> None:
@@ -176,11 +179,12 @@ def replay(events: list[tuple[int, int]]) -> tuple[int, int, int]:
     stream. Pinned: segments that hold at least one live block, the part of the reserved memory
     the allocator could not give back at that moment."""
     model = CachingAllocatorModel()
+    malloc, free = model.malloc, model.free
     for key, nbytes in events:
         if nbytes > 0:
-            model.malloc(key, nbytes)
+            malloc(key, nbytes)
         else:
-            model.free(key)
+            free(key)
     return model.peak_allocated, model.peak_reserved, model.peak_pinned
 
 

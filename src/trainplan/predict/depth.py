@@ -16,7 +16,9 @@ one block's ops, forward and backward (and the rerun of a checkpointed block). S
   (Llama-3.2-1B with accumulation: 0.6%, mid-backward overtaking the start of backward at 16
   blocks). Not from 2 blocks: with full checkpointing a 2-block model's backward peaks at another
   place (activations still live);
-* the caching allocator's fragmentation: that of the 4-block replay (`_fragmentation`);
+* the caching allocator's fragmentation: the replay of the whole stack's allocations, the
+  4-block trace's repeated block by block (`whole_events`), which is the full trace's replay;
+  where they do not repeat, that of the 4-block replay (`_fragmentation`);
 * the module table, the checkpointed blocks and the LoRA modules: block 3's rows copied for 4..L-1.
 
 Where the 3-block trace runs an op the 4-block one does not, `stitch` returns None and the whole
@@ -27,11 +29,13 @@ allocated peak within 1%, the required memory within the allocator replay's nois
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from dataclasses import replace
 
 from ..trace.counters import CATEGORIES
 from ..trace.tracer import ModuleRow, Trace
+from .allocator import replay
 from .memory import Fragmentation, fragmentation
 
 LOW, HIGH = 3, 4       # blocks kept in the two cut traces
@@ -162,7 +166,10 @@ def stitch(lo: Trace, hi: Trace) -> Trace | None:
         alloc_events=[], memory_log=[], trace_seconds=lo.trace_seconds + hi.trace_seconds,
         notes=list(hi.notes) + [f"traced with {LOW} and with {HIGH} of its {L} alike blocks "
                                 f"({path}); the step adds the other {L - HIGH} as copies"])
-    out.derived["fragmentation"] = _fragmentation(hi)
+    # the whole stack's replay is made when a fit is asked of this trace (memory.fragmentation:
+    # the anchors', not every micro-batch a search reads off their line)
+    out.derived["whole_replay"] = repeats(hi, L)
+    out.derived["fragmentation_from"] = functools.partial(_fragmentation, hi, L)
     return out
 
 
@@ -190,10 +197,216 @@ def _modules(lo: Trace, hi: Trace, pattern, L: int, line) -> list[ModuleRow]:
     return rows
 
 
-def _fragmentation(hi: Trace) -> Fragmentation:
-    """The 4-block trace's replay (allocator.py). The caching allocator's waste comes from the mix
-    of block sizes the step allocates and frees, and the cut model has the whole model's mix:
-    every block allocates the same sizes. Against full traces (tests/test_depth.py cases) the
-    required memory stays within -2% and +4% (a replay's segment-level noise, which scaling by
-    depth or by activations amplified to +6% and +11%)."""
-    return fragmentation(hi)
+_REPEATS: dict[tuple[int, int], tuple[list, bool]] = {}
+
+
+def repeats(hi: Trace, blocks: int) -> bool:
+    """Whether the cut trace's events repeat block by block (`whole_events` is not None); the
+    same for every trace that shares its tags (the traces interpolated from it)."""
+    tags = hi.event_blocks
+    hit = _REPEATS.get((id(tags), blocks))
+    if hit is None or hit[0] is not tags:
+        hit = _REPEATS[(id(tags), blocks)] = (tags, blocks > HIGH and
+                                              _repeat_plan(hi) is not None)
+    return hit[1]
+
+
+def _fragmentation(hi: Trace, blocks: int) -> Fragmentation:
+    """The caching allocator's waste over the whole model's step: the replay (allocator.py) of
+    the allocations the whole stack makes (`whole_events`), which equals the full trace's replay
+    (tests/test_depth.py). Where the events do not repeat block by block, that of the 4-block
+    replay: the cut model has the whole model's mix of block sizes, and against full traces its
+    required memory stays within -2% and +4% (a replay's segment-level noise)."""
+    events = whole_events(hi, blocks)
+    if events is None:
+        return fragmentation(hi)
+    alloc, reserved, pinned = replay(events)
+    return Fragmentation(max(0, pinned - alloc), max(0, reserved - alloc))
+
+
+def whole_events(hi: Trace, blocks: int) -> list[tuple[int, int]] | None:
+    """The allocation events of the whole model's step, from the HIGH-block trace's tagged events
+    (trace/blocks.py), or None where they do not repeat block by block.
+
+    Each maximal run of events in block HIGH-1 (the template) is matched with the run of block
+    HIGH-2 beside it: before it where the blocks run in ascending order (forward, a multi-tensor
+    optimizer op's outputs), after it where they run descending (backward, a list of outputs
+    freed from its end). The two must have the same sizes event by event. The whole model runs
+    blocks HIGH..L-1 as copies of the template, after it when ascending and before it when
+    descending. Each free in the template names what it frees relative to its block: its own
+    allocation (a copy frees its own copy's), the previous block's (the copy before it), or the
+    next one's (which for block HIGH-1 was outside the stack: the head's; the template frees
+    the first copy's, the last copy the head's). Frees outside the stack of block HIGH-1's
+    allocations (the head reading the last block's output) free the last copy's."""
+    plan = _repeat_plan(hi)
+    return None if plan is None or blocks <= HIGH else _emit(hi.alloc_events, plan, blocks)
+
+
+def _repeat_plan(hi: Trace):
+    """What `whole_events` repeats: (runs, {template run: (start, length, ascending)}, each
+    template free's relation, serial -> (block, run, position) of the template's and its
+    counterparts' allocations, {outside run: what it frees of every block}), or None."""
+    tags, events = hi.event_blocks, hi.alloc_events
+    T, P = HIGH - 1, HIGH - 2
+    if tags is None or len(tags) != len(events):
+        return None
+    runs = _split_turns(_runs(tags), events, T, P)
+    template: dict[int, tuple[int, int, bool]] = {}
+    counterpart: dict[int, int] = {}
+    for i, (tag, start, n) in enumerate(runs):
+        if tag != T:
+            continue
+        before = i > 0 and runs[i - 1][0] == P and runs[i - 1][2] == n
+        after = i + 1 < len(runs) and runs[i + 1][0] == P and runs[i + 1][2] == n
+        if not (before or after):
+            return None
+        c = i - 1 if before else i + 1
+        cstart = runs[c][1]
+        if any(events[start + m][1] != events[cstart + m][1] for m in range(n)):
+            return None
+        template[i], counterpart[i] = (start, n, before), c
+    pos: dict[int, tuple[int, int, int]] = {}
+    for i, c in counterpart.items():
+        for block, run in ((T, i), (P, c)):
+            start, n = runs[run][1], runs[run][2]
+            for m in range(n):
+                serial, nbytes = events[start + m]
+                if nbytes >= 0:
+                    pos[serial] = (block, i, m)
+    relation: dict[tuple[int, int], tuple] = {}
+    for i, (start, n, _asc) in template.items():
+        cstart = runs[counterpart[i]][1]
+        for m in range(n):
+            serial, nbytes = events[start + m]
+            if nbytes >= 0:
+                continue
+            where = pos.get(serial)
+            if where is not None and where[0] == T:
+                relation[(i, m)] = ("same",) + where[1:]
+            elif where is not None and where[0] == P:
+                relation[(i, m)] = ("prev",) + where[1:]
+            else:
+                theirs = pos.get(events[cstart + m][0])
+                if theirs is None or theirs[0] != T or events[cstart + m][1] >= 0:
+                    return None
+                relation[(i, m)] = ("next",) + theirs[1:] + (serial,)
+    every = {}
+    for i, (tag, start, n) in enumerate(runs):
+        if tag == -1:
+            every[i] = _freed_by_all(events, start, n, pos, T, P)
+            if every[i] is None:
+                return None
+    return runs, template, relation, pos, every
+
+
+def _emit(events, plan, blocks: int) -> list[tuple[int, int]]:
+    """The whole stack's events (`whole_events`). Block k >= HIGH's copy of the template's
+    allocation at (run, position) gets serial base + (k - HIGH) x A + its slot, A the template's
+    allocations."""
+    runs, template, relation, pos, every = plan
+    T, last = HIGH - 1, blocks - 1
+    slot: dict[tuple[int, int], int] = {}
+    real: dict[tuple[int, int], int] = {}
+    for i, (start, n, _a) in template.items():
+        for m in range(n):
+            serial, nbytes = events[start + m]
+            if nbytes >= 0:
+                slot[(i, m)] = len(slot)
+                real[(i, m)] = serial
+    A = len(slot)
+    base = max((s for s, _n in events), default=0) + 1
+    recipes = {}
+    for i, (start, n, _a) in template.items():
+        recipe = []
+        for m in range(n):
+            serial, nbytes = events[start + m]
+            if nbytes >= 0:
+                recipe.append((0, slot[(i, m)], nbytes, serial, 0))
+                continue
+            kind, run, at = relation[(i, m)][:3]
+            if kind == "same":
+                recipe.append((1, slot[(run, at)], nbytes, real[(run, at)], 0))
+            elif kind == "prev":
+                recipe.append((2, slot[(run, at)], nbytes, serial, real[(run, at)]))
+            else:
+                recipe.append((3, slot[(run, at)], nbytes, relation[(i, m)][3], 0))
+        recipes[i] = recipe
+    out: list[tuple[int, int]] = []
+    append = out.append
+    for i, (tag, start, n) in enumerate(runs):
+        if i in template:
+            order = [T] + list(range(HIGH, blocks)) if template[i][2] else \
+                list(range(last, T, -1)) + [T]
+            for k in order:
+                off = base + (k - HIGH) * A
+                for kind, sl, nbytes, serial, other in recipes[i]:
+                    if k == T:      # the traced block: its own serials; its next is copy HIGH
+                        append((base + sl if kind == 3 else serial, nbytes))
+                    elif kind <= 1:
+                        append((off + sl, nbytes))
+                    elif kind == 2:
+                        append((other if k - 1 == T else off - A + sl, nbytes))
+                    else:
+                        append((serial if k == last else off + A + sl, nbytes))
+            continue
+        all_blocks = every.get(i, {})
+        for e in range(start, start + n):
+            serial, nbytes = events[e]
+            where = pos.get(serial)
+            if nbytes >= 0 or tag != -1 or where is None or where[0] != T:
+                append((serial, nbytes))
+                continue
+            sl = slot[where[1:]]
+            if where[1:] in all_blocks:   # every block's, freed here: the copies' too
+                mine = [(base + (k - HIGH) * A + sl, nbytes) for k in range(HIGH, blocks)]
+                out += [(serial, nbytes)] + mine if all_blocks[where[1:]] else \
+                    mine[::-1] + [(serial, nbytes)]
+            else:                         # the last block's (the head reads it): the last copy's
+                append((base + (last - HIGH) * A + sl, nbytes))
+    return out
+
+
+def _freed_by_all(events, start: int, n: int, pos: dict, T: int, P: int
+                  ) -> dict[tuple[int, int], bool] | None:
+    """Allocations of the template's runs that a run outside the stack frees in every block
+    (cyclic garbage collected at a phase's end): {(run, position): ascending?}, where block P's
+    and block T's are both freed here; None where block P's is freed without block T's."""
+    at: dict[tuple, dict[int, int]] = {}
+    for e in range(start, start + n):
+        serial, nbytes = events[e]
+        where = pos.get(serial)
+        if nbytes < 0 and where is not None:
+            at.setdefault(where[1:], {})[where[0]] = e
+    out = {}
+    for key, blocks_at in at.items():
+        if P in blocks_at:
+            if T not in blocks_at:
+                return None
+            out[key] = blocks_at[P] < blocks_at[T]
+    return out
+    return out
+
+
+def _runs(tags: list[int]) -> list[tuple[int, int, int]]:
+    """Maximal runs of equal tags: (tag, start, length)."""
+    runs, start = [], 0
+    for i in range(1, len(tags) + 1):
+        if i == len(tags) or tags[i] != tags[start]:
+            runs.append((tags[start], start, i - start))
+            start = i
+    return runs
+
+
+def _split_turns(runs, events, T: int, P: int):
+    """Split a template run where the blocks turn around (ascending, then descending: one
+    multi-tensor op's outputs, then the list freed from its end): a run of block T between two
+    runs of block P as long as both together."""
+    out = []
+    for i, (tag, start, n) in enumerate(runs):
+        if tag == T and 0 < i < len(runs) - 1 and runs[i - 1][0] == P and runs[i + 1][0] == P \
+                and runs[i - 1][2] + runs[i + 1][2] == n:
+            a = runs[i - 1][2]
+            out += [(T, start, a), (T, start + a, n - a)]
+        else:
+            out.append((tag, start, n))
+    return out

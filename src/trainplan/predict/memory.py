@@ -251,7 +251,9 @@ class Fragmentation:
 
 def fragmentation(trace: Trace) -> Fragmentation:
     """The trace's own replay (allocator.py): peak pinned and peak reserved minus peak allocated
-    (a trace stitched from cut ones carries its own: predict/depth.py)."""
+    (a trace stitched from cut ones carries its own, made when first asked: predict/depth.py)."""
+    if "fragmentation" not in trace.derived and "fragmentation_from" in trace.derived:
+        trace.derived["fragmentation"] = trace.derived["fragmentation_from"]()
     if "fragmentation" in trace.derived:
         return trace.derived["fragmentation"]
     alloc, reserved, pinned = _replay_once(trace)

@@ -36,7 +36,7 @@ from ..trace import store
 from ..trace.parallel import IDLE, RUN, SKIP, WAIT, Forward, trace_all
 from ..trace.semantics import KernelSemantics
 from ..models import stack_hint
-from ..trace.depth import MIN_BLOCKS
+from ..trace.depth import EXACT_BLOCKS, MIN_BLOCKS
 from ..trace.tracer import Trace, trace_step
 from .depth import HIGH, LOW, stitch
 from .interpolate import same_shape_family, trace_between
@@ -153,8 +153,14 @@ class Traces:
         return (hit[1], sem.key(), depth)
 
     def _cuts(self, job, sem: KernelSemantics) -> bool:
-        """Whether `job` is traced cut (depth.py): its model names a stack deep enough to cut."""
+        """Whether `job` is traced cut (depth.py): its model names a stack deep enough to cut,
+        and that stack is most of what a trace runs. A model that loops over each sample's
+        images (`anchors`: Qwen-VL's vision tower, window by window) is not cut: both cut traces
+        would run the whole tower, most of a trace (Qwen2.5-VL-3B with one 560 px image: 33-50 s
+        a step, 14 s of it the text model, on this 2-core machine)."""
         if not self._cut or self._key(job, sem) in self._uncut:
+            return False
+        if anchors(job) == PER_SAMPLE_ANCHORS:
             return False
         model = (job.model, job.transformer)     # what stack_hint reads
         if model not in self._depths:
@@ -249,6 +255,9 @@ class Traces:
             else:
                 parts = [self._at(job, sem, batch, d) for d in (LOW, HIGH)]
             whole = stitch(parts[0][0], parts[1][0])
+            if whole is not None and not whole.derived["whole_replay"] and \
+                    whole.stack.blocks < EXACT_BLOCKS:
+                whole = None      # the allocator's waste only within a band: traced whole
             if whole is None:
                 self._uncut.add(self._key(job, sem))
                 whole_key = self._key(job, sem)

@@ -137,6 +137,7 @@ class _Storage:
     module: str
     phase: str
     serial: int
+    block: int = -1      # the cut stack's block it was allocated in, or for (see `owner`)
 
 
 def _round(n: int) -> int:
@@ -186,8 +187,17 @@ class StepCounter(TorchDispatchMode):
         # around every mode's __torch_dispatch__ (a Python frame per op, ~10% of tracing time)
         return False
 
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self._phase, self.block = value, -1      # no block runs as a phase begins
+
     def __init__(self, module_tracker=None):
         super().__init__()
+        self.block = -1
         self.phase = "setup"
         self.recompute = False
         self.mt = module_tracker
@@ -211,6 +221,10 @@ class StepCounter(TorchDispatchMode):
         self.closed = False         # True once the step ends: later frees are teardown
         self._parents_key = None
         self._parents_name = ""
+        # the cut stack's block running (trace/blocks.py; -1: none; `block` above), and each
+        # event's: what predict/depth.py repeats to replay the allocator over the whole stack
+        self.tag_blocks = False
+        self.event_blocks: list[int] = []
 
     # -- storage bookkeeping --------------------------------------------------------------
     def _module(self) -> str:
@@ -224,7 +238,15 @@ class StepCounter(TorchDispatchMode):
             self._parents_name = max(parents, key=lambda n: (n.count("."), len(n))) if parents else ""
         return self._parents_name
 
-    def track(self, t: torch.Tensor, category: str | None = None) -> None:
+    def owner(self, t) -> int | None:
+        """The block a tensor's storage belongs to (-1: none), None when it is not tracked."""
+        if not isinstance(t, torch.Tensor):
+            return None
+        rec = self.storages.get(t.untyped_storage()._cdata)
+        return rec.block if rec is not None else None
+
+    def track(self, t: torch.Tensor, category: str | None = None, block: int | None = None
+              ) -> None:
         st = t.untyped_storage()
         key = st._cdata
         if key in self.storages:
@@ -233,11 +255,12 @@ class StepCounter(TorchDispatchMode):
             return
         nbytes = _round(st.nbytes())
         rec = _Storage(nbytes, category or self.default_category, self._module(), self.phase,
-                       len(self.events))
+                       len(self.events), self.block if block is None else block)
         self.storages[key] = rec
         self.live += nbytes
         self.by_cat[rec.category] += nbytes
         self.events.append((rec.serial, nbytes))
+        self.event_blocks.append(rec.block)
         self.memory_log.append((ALLOC, rec.serial, nbytes, rec.category, self.phase))
         weakref.finalize(st, self._free, key)
         if self.live > self.peak:
@@ -259,6 +282,7 @@ class StepCounter(TorchDispatchMode):
         self.live -= rec.nbytes
         self.by_cat[rec.category] -= rec.nbytes
         self.events.append((rec.serial, -rec.nbytes))
+        self.event_blocks.append(rec.block if self.phase in _BY_OWNER else self.block)
         self.memory_log.append((FREE, rec.serial))
 
     def retag(self, t: torch.Tensor, category: str) -> None:
@@ -325,8 +349,12 @@ class StepCounter(TorchDispatchMode):
             out = func(*args, **kwargs)
         packet = func._overloadpacket
         outs = _tensors(out)
-        for t in outs:
-            self.track(t)
+        if self.tag_blocks and self.phase in _BY_OWNER:
+            for t, b in zip(outs, _owners(self, outs, args)):
+                self.track(t, block=b)
+        else:
+            for t in outs:
+                self.track(t)
         if not self.count_ops or packet in VIEW_OPS:
             self.timeline.append((self.phase, self.live))
             return out
@@ -349,6 +377,47 @@ class StepCounter(TorchDispatchMode):
                 st.flops_backward += flops
         self.timeline.append((phase, self.live))
         return out
+
+
+_BY_OWNER = ("setup", "optimizer")   # phases whose events are tagged by the tensors' blocks
+
+
+def _owners(counter: StepCounter, outs: list, args) -> list[int]:
+    """Each output's block outside forward and backward (the optimizer): a multi-tensor op's
+    i-th output is its first list's i-th tensor's; any other op's, its first input's that
+    belongs to a block (`zeros_like(p)`, `p.grad.add(...)`), else the block running (set while
+    the parameters are created)."""
+    first = args[0] if args else None
+    if isinstance(first, (list, tuple)) and len(first) == len(outs) and first and \
+            all(isinstance(t, torch.Tensor) for t in first):
+        return [-1 if counter.owner(t) is None else counter.owner(t) for t in first]
+    for t in _tensors(args):
+        b = counter.owner(t)
+        if b is not None:
+            return [b] * len(outs)
+    return [UNKNOWN if counter.phase == "optimizer" else counter.block] * len(outs)
+
+
+UNKNOWN = -2   # an optimizer tensor made from nothing (AdamW's `step`): see `event_blocks`
+
+
+def event_blocks(counter: StepCounter) -> list[int]:
+    """Each event's block (trace/blocks.py), an optimizer tensor made from no other (a
+    parameter's `step` scalar, a state `torch.zeros(shape)`) given the block of the next
+    event that has one: state is created parameter by parameter, its own first."""
+    tags = list(counter.event_blocks)
+    resolved: dict[int, int] = {}
+    following = -1
+    for i in range(len(tags) - 1, -1, -1):
+        serial, nbytes = counter.events[i]
+        if tags[i] == UNKNOWN and nbytes >= 0:
+            tags[i] = resolved[serial] = following
+        elif tags[i] != UNKNOWN:
+            following = tags[i]
+    for i, (serial, nbytes) in enumerate(counter.events):
+        if tags[i] == UNKNOWN:
+            tags[i] = resolved.get(serial, -1)
+    return tags
 
 
 def _group_channels(packet, args) -> int:

@@ -18,14 +18,18 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
-# Cut only stacks this deep. The cut traces give every op and byte count of the full step, but the
-# caching allocator's fragmentation only as the 4-block replay has it (predict/depth.py): within
-# -2% and +4% of the full replay's required memory, enough to flip a verdict within that band
+# Cut only stacks this deep: two cut traces (3 and 4 blocks) cost about what 10-12 whole blocks
+# do (Llama-3.2-1B, 16 blocks: 0.6 + 0.8 s against 2.1 s whole, 2026-11-26, this 2-core machine).
+# The cut traces give every op and byte count of the full step, and the caching allocator's replay
+# over the whole stack where the cut trace's allocations repeat block by block
+# (predict/depth.py `whole_events`: the same replay as the full trace's). Where they do not (BERT:
+# an allocation between blocks), only the 4-block replay's fragmentation is known, within -2% and
+# +4% of the full replay's required memory: enough to flip a verdict within that band
 # (Qwen2.5-VL-3B, ZeRO-3 LoRA on 2 x T4: 14.88 GiB cut against 15.10 GiB whole, on a 15.00 GiB
-# T4). So models up to 39 blocks (up to 8B Llama, Qwen-VL-3B/7B) keep their full trace, a few
-# seconds each, and the cut serves the deep ones (13B and up: 40-80 blocks), whose full traces
-# are what made a plan take minutes.
-MIN_BLOCKS = 40
+# T4). Below EXACT_BLOCKS such a model is traced whole (predict/traces.py); from EXACT_BLOCKS
+# (13B and up: 40-80 blocks, whose full traces made a plan take minutes) the band is accepted.
+MIN_BLOCKS = 16
+EXACT_BLOCKS = 40
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,9 @@ from ..errors import TrainplanError
 from ..models import ModelBundle, build_model
 from ..models.lora import apply_lora
 from . import moe
+from . import blocks as block_tags
 from .checkpointing import apply_checkpointing
-from .counters import CATEGORIES, OpRecord, StepCounter
+from .counters import CATEGORIES, OpRecord, StepCounter, event_blocks
 from .depth import Stack, cut
 from .optimizers import build_optimizer
 from .semantics import KernelSemantics, TargetSemantics
@@ -129,6 +130,8 @@ class Trace:
     hidden_size: int = 0              # the model's hidden size where it has one (0: unknown)
     stack: Stack | None = None        # traced with its repeated blocks cut (trace/depth.py)
     flash_eligible: int = 0           # SDPA calls flash would take (semantics.py `_sdpa`)
+    # a cut trace's block of the stack (-1: none) for each of `alloc_events` (trace/blocks.py)
+    event_blocks: list[int] | None = None
     # values the prediction layer derives from this trace alone (its op table, the allocator
     # replay), memoised so that every accelerator and strategy reuses them; never compared
     derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -144,10 +147,14 @@ class Trace:
         return self.flops_per_step - self.recompute_flops
 
 
-def _materialise(model: torch.nn.Module, counter: StepCounter) -> None:
-    """Replace meta parameters/buffers by fake CPU tensors (memoised so tied weights stay tied)."""
+def _materialise(model: torch.nn.Module, counter: StepCounter,
+                 blocks: dict[int, int] | None = None) -> None:
+    """Replace meta parameters/buffers by fake CPU tensors (memoised so tied weights stay tied);
+    `blocks` (id(module) -> block, trace/blocks.py) tags each with its block of the cut stack."""
     memo: dict[int, torch.Tensor] = {}
     for mod in model.modules():
+        if blocks is not None:
+            counter.block = blocks.get(id(mod), -1)
         for name, p in list(mod._parameters.items()):
             if p is None:
                 continue
@@ -169,6 +176,7 @@ def _materialise(model: torch.nn.Module, counter: StepCounter) -> None:
                 if id(v) not in memo:
                     memo[id(v)] = torch.empty(v.shape, dtype=v.dtype, device="cpu")
                 setattr(mod, name, memo[id(v)])
+    counter.block = -1
 
 
 def prepare_model(job, bundle: ModelBundle) -> tuple[list[str], list[str]]:
@@ -258,6 +266,11 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
         model.to(memory_format=torch.channels_last)
     tracker = _Tracker()
     counter.mt = tracker
+    in_blocks = None
+    if stack is not None:          # which block each event happens in (trace/blocks.py)
+        cut_blocks = model.get_submodule(stack.path)
+        in_blocks = block_tags.module_blocks(cut_blocks)
+        block_tags.tag(counter, cut_blocks)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     global _traced_before
     if _traced_before:  # free an earlier step's cyclic garbage before freezing what is live
@@ -267,7 +280,7 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
     gc.freeze()   # ...and those collections scan only the step's objects, not torch's millions
     try:
         with fake, counter, (extra_mode if extra_mode is not None else contextlib.nullcontext()):
-            _materialise(model, counter)
+            _materialise(model, counter, in_blocks)
             params = [p for p in model.parameters() if p.requires_grad]
             if not params:
                 raise TrainplanError(f"{bundle.name} has no trainable parameter in this job.",
@@ -424,7 +437,8 @@ def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_
         timeline=_downsample(counter.timeline), alloc_events=counter.events,
         memory_log=counter.memory_log,
         checkpointed_blocks=blocks, lora_modules=lora_names, trace_seconds=seconds, notes=notes,
-        stack=stack, flash_eligible=flash_eligible)
+        stack=stack, flash_eligible=flash_eligible,
+        event_blocks=event_blocks(counter) if counter.tag_blocks else None)
 
 
 def _unit_bytes(model) -> tuple[int, int]:

@@ -1,0 +1,67 @@
+"""Which block of a cut stack (trace/depth.py) each allocation and free of a traced step happens
+in, so that predict/depth.py can replay the caching allocator over the whole stack.
+
+A model cut to a few alike blocks runs, block after block, the same allocations: in the forward
+block 0, 1, 2, 3 in turn; in the backward 3, 2, 1, 0; in the optimizer, one list entry per
+parameter, the blocks' in model order. The counter (counters.py) tags every event with `block`:
+
+* forward: a forward pre-hook on block i sets i, its post-hook restores what was set before;
+* backward: a gradient hook on block i's output sets i as autograd reaches it (its grad is
+  ready, block i's nodes run next), one on block 0's input sets -1 (the embeddings' backward);
+  the hidden state flows through the blocks in turn, so every node of block i runs in between;
+* setup and optimizer: the block of the tensor an event belongs to (counters.py `_owners`):
+  a parameter is its block's, its gradient and optimizer state are its parameter's.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+def _first_grad_tensor(x):
+    """The first tensor in x (a tensor, tuple or model output) that requires grad."""
+    if isinstance(x, torch.Tensor):
+        return x if x.requires_grad else None
+    items = x.values() if isinstance(x, dict) else x if isinstance(x, (list, tuple)) else ()
+    for v in items:
+        t = _first_grad_tensor(v)
+        if t is not None:
+            return t
+    return None
+
+
+def module_blocks(blocks: nn.ModuleList) -> dict[int, int]:
+    """id(module) -> index of the block it belongs to, for every module inside the stack."""
+    return {id(m): i for i, block in enumerate(blocks) for m in block.modules()}
+
+
+def tag(counter, blocks: nn.ModuleList) -> list:
+    """Install the hooks (module docstring) on the cut stack's `blocks`; returns their handles."""
+    counter.tag_blocks = True
+    handles, before = [], []
+
+    def set_to(i):
+        def hook(grad):
+            counter.block = i
+        return hook
+
+    for i, block in enumerate(blocks):
+        def pre(mod, args, kwargs, i=i):
+            before.append(counter.block)
+            counter.block = i
+            if i == 0 and counter.phase == "forward" and not counter.recompute:
+                t = _first_grad_tensor(args)
+                t = _first_grad_tensor(kwargs) if t is None else t
+                if t is not None:
+                    t.register_hook(set_to(-1))
+
+        def post(mod, args, kwargs, out, i=i):
+            counter.block = before.pop() if before else -1
+            if counter.phase == "forward" and not counter.recompute:
+                t = _first_grad_tensor(out)
+                if t is not None:
+                    t.register_hook(set_to(i))
+
+        handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(block.register_forward_hook(post, with_kwargs=True))
+    return handles
