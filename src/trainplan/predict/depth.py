@@ -206,6 +206,8 @@ def repeats(hi: Trace, blocks: int) -> bool:
     tags = hi.event_blocks
     hit = _REPEATS.get((id(tags), blocks))
     if hit is None or hit[0] is not tags:
+        if len(_REPEATS) > 512:        # it keeps each tag list alive: bounded
+            _REPEATS.clear()
         hit = _REPEATS[(id(tags), blocks)] = (tags, blocks > HIGH and
                                               _repeat_plan(hi) is not None)
     return hit[1]
