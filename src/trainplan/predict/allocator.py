@@ -88,7 +88,7 @@ class CachingAllocatorModel:
             lst.pop(i)
 
     def malloc(self, key: int, nbytes: int) -> None:
-        size = MIN_BLOCK if nbytes <= MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+        size = _round(nbytes)
         small = size <= SMALL_SIZE
         lst = self._free[small]
         i = bisect.bisect_left(lst, (size, -1, -1))

@@ -36,7 +36,7 @@ from dataclasses import replace
 from ..trace.counters import CATEGORIES
 from ..trace.tracer import ModuleRow, Trace
 from .allocator import replay
-from .memory import Fragmentation, fragmentation
+from .memory import Fragmentation, fragmentation, replayed
 
 LOW, HIGH = 3, 4       # blocks kept in the two cut traces
 
@@ -197,20 +197,24 @@ def _modules(lo: Trace, hi: Trace, pattern, L: int, line) -> list[ModuleRow]:
     return rows
 
 
-_REPEATS: dict[tuple[int, int], tuple[list, bool]] = {}
+_PLANS: dict[int, tuple[list, tuple | None]] = {}
+
+
+def _plan_of(hi: Trace):
+    """`_repeat_plan(hi)`, made once per tag list: the traces interpolated from a cut trace
+    share its tags and serials (interpolate.py), so its plan too."""
+    tags = hi.event_blocks
+    hit = _PLANS.get(id(tags))
+    if hit is None or hit[0] is not tags:
+        if len(_PLANS) > 512:          # it keeps each tag list alive: bounded
+            _PLANS.clear()
+        hit = _PLANS[id(tags)] = (tags, _repeat_plan(hi))
+    return hit[1]
 
 
 def repeats(hi: Trace, blocks: int) -> bool:
-    """Whether the cut trace's events repeat block by block (`whole_events` is not None); the
-    same for every trace that shares its tags (the traces interpolated from it)."""
-    tags = hi.event_blocks
-    hit = _REPEATS.get((id(tags), blocks))
-    if hit is None or hit[0] is not tags:
-        if len(_REPEATS) > 512:        # it keeps each tag list alive: bounded
-            _REPEATS.clear()
-        hit = _REPEATS[(id(tags), blocks)] = (tags, blocks > HIGH and
-                                              _repeat_plan(hi) is not None)
-    return hit[1]
+    """Whether the cut trace's events repeat block by block (`whole_events` is not None)."""
+    return blocks > HIGH and _plan_of(hi) is not None
 
 
 def _fragmentation(hi: Trace, blocks: int) -> Fragmentation:
@@ -220,10 +224,7 @@ def _fragmentation(hi: Trace, blocks: int) -> Fragmentation:
     replay: the cut model has the whole model's mix of block sizes, and against full traces its
     required memory stays within -2% and +4% (a replay's segment-level noise)."""
     events = whole_events(hi, blocks)
-    if events is None:
-        return fragmentation(hi)
-    alloc, reserved, pinned = replay(events)
-    return Fragmentation(max(0, pinned - alloc), max(0, reserved - alloc))
+    return fragmentation(hi) if events is None else replayed(*replay(events))
 
 
 def whole_events(hi: Trace, blocks: int) -> list[tuple[int, int]] | None:
@@ -240,7 +241,7 @@ def whole_events(hi: Trace, blocks: int) -> list[tuple[int, int]] | None:
     next one's (which for block HIGH-1 was outside the stack: the head's; the template frees
     the first copy's, the last copy the head's). Frees outside the stack of block HIGH-1's
     allocations (the head reading the last block's output) free the last copy's."""
-    plan = _repeat_plan(hi)
+    plan = _plan_of(hi)
     return None if plan is None or blocks <= HIGH else _emit(hi.alloc_events, plan, blocks)
 
 
@@ -385,7 +386,6 @@ def _freed_by_all(events, start: int, n: int, pos: dict, T: int, P: int
             if T not in blocks_at:
                 return None
             out[key] = blocks_at[P] < blocks_at[T]
-    return out
     return out
 
 

@@ -147,9 +147,9 @@ def _traced(job, sem, batch: int, new_tokens: int, context: int) -> InferenceTra
             defer_forward(memo, Forward(tj, sem, batch, new_tokens, context), keep)
             if not may_trace():       # within Traces.made_only(): not traced now
                 raise Deferred
-            tr = trace_forward(tj, sem, batch, new_tokens, context)
-            store.save(name, tr)
-        _MEMO[memo] = tr
+            keep(trace_forward(tj, sem, batch, new_tokens, context))
+        else:
+            _MEMO[memo] = tr
     if isinstance(_MEMO[memo], BaseException):    # a forward that could not be traced
         raise _MEMO[memo]
     return _MEMO[memo]

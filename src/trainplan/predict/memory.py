@@ -256,7 +256,11 @@ def fragmentation(trace: Trace) -> Fragmentation:
         trace.derived["fragmentation"] = trace.derived["fragmentation_from"]()
     if "fragmentation" in trace.derived:
         return trace.derived["fragmentation"]
-    alloc, reserved, pinned = _replay_once(trace)
+    return replayed(*_replay_once(trace))
+
+
+def replayed(alloc: int, reserved: int, pinned: int) -> Fragmentation:
+    """The fragmentation of an allocator replay's peaks (allocator.replay)."""
     return Fragmentation(max(0, pinned - alloc), max(0, reserved - alloc))
 
 

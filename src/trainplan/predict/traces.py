@@ -59,8 +59,13 @@ def anchors(job) -> tuple[int, int]:
     allocations are as affine in the batch as any model's, so any two anchors give the same
     line; only the allocator's fragmentation beyond the larger anchor is extrapolated from a
     shorter base (memory.fragmentation_between). Such jobs use (2, 4)."""
-    return PER_SAMPLE_ANCHORS if job.image_size and job.images_per_sample != 0 and \
-        job.model.startswith("hf:") and _loops_over_images(job.model) else ANCHORS
+    return PER_SAMPLE_ANCHORS if loops_over_images(job) else ANCHORS
+
+
+def loops_over_images(job) -> bool:
+    """Whether the job's step loops in Python over each sample's images (`anchors`)."""
+    return bool(job.image_size and job.images_per_sample != 0 and job.model.startswith("hf:")
+                and _loops_over_images(job.model))
 
 
 @functools.cache
@@ -160,7 +165,7 @@ class Traces:
         a step, 14 s of it the text model, on this 2-core machine)."""
         if not self._cut or self._key(job, sem) in self._uncut:
             return False
-        if anchors(job) == PER_SAMPLE_ANCHORS:
+        if loops_over_images(job):
             return False
         model = (job.model, job.transformer)     # what stack_hint reads
         if model not in self._depths:

@@ -197,8 +197,7 @@ class StepCounter(TorchDispatchMode):
 
     def __init__(self, module_tracker=None):
         super().__init__()
-        self.block = -1
-        self.phase = "setup"
+        self.phase = "setup"           # and `block`, the cut stack's block running: -1
         self.recompute = False
         self.mt = module_tracker
         self.records: list[OpRecord] = []
@@ -221,8 +220,8 @@ class StepCounter(TorchDispatchMode):
         self.closed = False         # True once the step ends: later frees are teardown
         self._parents_key = None
         self._parents_name = ""
-        # the cut stack's block running (trace/blocks.py; -1: none; `block` above), and each
-        # event's: what predict/depth.py repeats to replay the allocator over the whole stack
+        # each event's block of the cut stack (trace/blocks.py sets `block`; -1: none): what
+        # predict/depth.py repeats to replay the allocator over the whole stack
         self.tag_blocks = False
         self.event_blocks: list[int] = []
 
@@ -390,7 +389,7 @@ def _owners(counter: StepCounter, outs: list, args) -> list[int]:
     first = args[0] if args else None
     if isinstance(first, (list, tuple)) and len(first) == len(outs) and first and \
             all(isinstance(t, torch.Tensor) for t in first):
-        return [-1 if counter.owner(t) is None else counter.owner(t) for t in first]
+        return [-1 if b is None else b for b in map(counter.owner, first)]
     for t in _tensors(args):
         b = counter.owner(t)
         if b is not None:
