@@ -87,3 +87,39 @@ def test_dropout_mask_is_one_byte():
     job = tiny_job(kind="encoder", precision="fp16")
     tr = trace(job)
     assert any(r.name == "native_dropout" for r in tr.ops)
+
+
+def test_a_trace_collects_only_what_the_last_one_left_and_all_every_so_often(monkeypatch):
+    """tracer._collect_and_freeze: what a trace freezes stays frozen, so the next trace's
+    collection scans only the objects made since; every FULL_COLLECTION_EVERY traces all are
+    unfrozen and collected, so garbage frozen while it was live is reclaimed. (The collector
+    itself is stubbed: this checks the policy.)"""
+    from trainplan.trace import tracer
+    calls, frozen = [], [0]
+
+    class Gc:
+        @staticmethod
+        def collect():
+            calls.append("full" if not frozen[0] else "young")
+
+        @staticmethod
+        def freeze():
+            frozen[0] += 1
+
+        @staticmethod
+        def unfreeze():
+            frozen[0] = 0
+            calls.append("unfreeze")
+
+        @staticmethod
+        def get_freeze_count():
+            return frozen[0]
+    monkeypatch.setattr(tracer, "gc", Gc)
+    monkeypatch.setattr(tracer, "_traced", 0)
+    n = tracer.FULL_COLLECTION_EVERY
+    for _ in range(2 * n + 1):
+        tracer._collect_and_freeze()
+        assert frozen[0]
+    # the first trace of a process has nothing to free; then young collections, and a full
+    # one after every n traces
+    assert calls == (["young"] * (n - 1) + ["unfreeze", "full"]) * 2

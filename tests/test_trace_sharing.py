@@ -148,3 +148,25 @@ def test_trace_all_follow_ups_follow_the_policy(monkeypatch):
     out = parallel.trace_all(["a", "b"], ["a2", None], policy)
     assert out == (["a", "b"], [None, None]) and made == ["a", "b"]
     assert parallel.trace_all(["a"]) == ["a"]          # no follow-ups: a plain list
+
+
+def test_a_round_asks_for_both_cut_traces_and_both_anchors_at_once(monkeypatch):
+    """traces.every: a step read off the anchors' line of a cut model needs four traces (two
+    anchors, 3 and 4 blocks); the first round asks for all four, not one per round."""
+    from trainplan.predict.depth import HIGH, LOW
+    from trainplan.predict.traces import ANCHORS
+    from trainplan.trace.depth import MIN_BLOCKS
+    rounds = []
+
+    class Stop(Exception):
+        pass
+
+    def fill(self, requests, *a, **kw):
+        rounds.append({(batch, depth) for _job, _sem, batch, depth in requests})
+        raise Stop
+    monkeypatch.setattr(Traces, "fill", fill)
+    job = tiny_job(num_layers=MIN_BLOCKS)
+    traces = Traces()
+    with pytest.raises(Stop):
+        traces.in_rounds([lambda: traces.at(job, EFFICIENT, 5)])
+    assert rounds == [{(b, d) for b in ANCHORS for d in (LOW, HIGH)}]

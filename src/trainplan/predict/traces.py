@@ -102,6 +102,22 @@ class Deferred(Exception):
     within `Traces.made_only`."""
 
 
+def every(asks: list[Callable]) -> list:
+    """Each call's answer; where some ask for traces not made yet (`Deferred`), all are still
+    asked, so that a round (`Traces.in_rounds`) makes their traces together, and then Deferred
+    is raised. Asked one by one, the second of two traces a step reads (a cut model's 3 and 4
+    blocks, a line's two anchors) waited a whole round for the first."""
+    out, deferred = [], False
+    for ask in asks:
+        try:
+            out.append(ask())
+        except Deferred:
+            deferred = True
+    if deferred:
+        raise Deferred
+    return out
+
+
 _MAKING = contextvars.ContextVar("trainplan_making_traces", default=True)
 
 
@@ -256,9 +272,10 @@ class Traces:
         memo = self._key(job, sem) + (how, batch)
         if memo not in self._whole:
             if how == "exact":
-                parts = [(self._real(job, sem, batch, d), False) for d in (LOW, HIGH)]
+                parts = every([lambda d=d: (self._real(job, sem, batch, d), False)
+                               for d in (LOW, HIGH)])
             else:
-                parts = [self._at(job, sem, batch, d) for d in (LOW, HIGH)]
+                parts = every([lambda d=d: self._at(job, sem, batch, d) for d in (LOW, HIGH)])
             whole = stitch(parts[0][0], parts[1][0])
             if whole is not None and not whole.derived["whole_replay"] and \
                     whole.stack.blocks < EXACT_BLOCKS:
@@ -475,11 +492,12 @@ class Traces:
         if lo is None or hi is None:
             lo, hi = anchors(job)
         if depth is None and self._cuts(job, sem):
-            return all(self.on_line(job, sem, lo, hi, d) for d in (LOW, HIGH))
+            return all(every([lambda d=d: self.on_line(job, sem, lo, hi, d)
+                              for d in (LOW, HIGH)]))
         family = self._key(job, sem, depth) + (lo, hi)
         if family not in self._family:
-            self._family[family] = same_shape_family(self._real(job, sem, lo, depth),
-                                                     self._real(job, sem, hi, depth))
+            self._family[family] = same_shape_family(
+                *every([lambda b=b: self._real(job, sem, b, depth) for b in (lo, hi)]))
         return self._family[family]
 
     def _at(self, job, sem: KernelSemantics, batch: int, depth: int | None) -> tuple[Trace, bool]:

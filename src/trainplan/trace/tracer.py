@@ -218,7 +218,26 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     return total + _packed_param_count(model), trainable
 
 
-_traced_before = False  # set once this process has traced a step
+_traced = 0            # steps traced by this process since its last full collection
+FULL_COLLECTION_EVERY = 16
+
+
+def _collect_and_freeze() -> None:
+    """Collect cyclic garbage, then freeze what is live, so that a step's phase-end collections
+    scan only its own objects, not torch's ~350,000 (trace_step). What a trace froze stays
+    frozen after it: the next trace's collection then scans only what was made since (the last
+    step's objects), where unfreezing made it a full one, 0.23 s of a 0.9 s trace of
+    Llama-3.2-1B cut to 4 blocks. What was live at a freeze and later became cyclic garbage is
+    reclaimed by a full collection every FULL_COLLECTION_EVERY traces."""
+    global _traced
+    if _traced >= FULL_COLLECTION_EVERY:
+        gc.unfreeze()
+        _traced = 0
+        gc.collect()
+    elif gc.get_freeze_count():            # the first trace of a process: nothing to free yet
+        gc.collect()
+    _traced += 1
+    gc.freeze()
 
 
 def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
@@ -272,12 +291,8 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
         in_blocks = block_tags.module_blocks(cut_blocks)
         block_tags.tag(counter, cut_blocks)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
-    global _traced_before
-    if _traced_before:  # free an earlier step's cyclic garbage before freezing what is live
-        gc.collect()
-    _traced_before = True
     gc.disable()  # cyclic garbage is collected at phase ends, so peaks do not depend on GC timing
-    gc.freeze()   # ...and those collections scan only the step's objects, not torch's millions
+    _collect_and_freeze()   # ...and those collections scan only the step's objects
     try:
         with fake, counter, (extra_mode if extra_mode is not None else contextlib.nullcontext()):
             _materialise(model, counter, in_blocks)
@@ -301,7 +316,6 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
     except Exception as e:  # an op the fake device cannot run
         raise _untraceable(bundle.name, e) from None
     finally:
-        gc.unfreeze()
         gc.enable()
 
     return _summarise(job, bundle, semantics, batch, counter, model, grad_bytes, state_bytes,
