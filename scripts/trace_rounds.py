@@ -39,9 +39,9 @@ def _say(line: str) -> None:
 def main() -> int:
     all_at_once, one, fwd = traces.trace_all, traces.trace_step, generation.trace_forward
 
-    def trace_all(requests, followups=None, policy=None, started=None):
+    def trace_all(requests, followups=None, policy=None, started=None, finish=None):
         t = time.perf_counter()
-        out = all_at_once(requests, followups, policy, started)
+        out = all_at_once(requests, followups, policy, started, finish)
         more = out[1] if isinstance(out, tuple) else [None] * len(requests)
         _say(f"round at {t - T0:.0f} s: {len(requests)} traces, "
              f"{sum(m is not None for m in more)} follow-ups, {time.perf_counter() - t:.1f} s")

@@ -53,31 +53,31 @@ def real_traces():
             memo[k] = one(job, sem, batch_size, depth=depth)
         return memo[k]
 
-    def traced(requests):
+    def traced(requests, finish=None):
         todo = list({key(*r): r for r in requests if key(*r) not in memo}.values())
         failed = {}
-        for r, tr in zip(todo, many(todo) if todo else []):
+        for r, tr in zip(todo, many(todo, finish=finish) if todo else []):
             if isinstance(tr, Trace):
                 memo[key(*r)] = tr
             else:
                 failed[key(*r)] = tr
         return [memo.get(key(*r)) or failed[key(*r)] for r in requests]
 
-    def trace_all(requests, followups=None, policy=None, started=None):
+    def trace_all(requests, followups=None, policy=None, started=None, finish=None):
         """trace_all's contract: each follow-up made once its request is in, unless skipped;
         generation forwards (`Forward`, kept by predict/generation.py's own memo) as they come."""
         followups = followups or [None] * len(requests)
         steps = [i for i, r in enumerate(requests) if not isinstance(r, Forward)]
         forwards = [i for i, r in enumerate(requests) if isinstance(r, Forward)]
         results, more = [None] * len(requests), [None] * len(requests)
-        for i, tr in zip(steps, traced([requests[i] for i in steps])):
+        for i, tr in zip(steps, traced([requests[i] for i in steps], finish)):
             results[i] = tr
         for i, tr in zip(forwards, many([requests[i] for i in forwards]) if forwards else []):
             results[i] = tr
         for i, f in enumerate(followups):
             verdict = policy(i, True, results[i]) if policy else "run"
             if f is not None and verdict != "skip":
-                more[i] = traced([f])[0]
+                more[i] = traced([f], finish)[0]
         return (results, more) if any(f is not None for f in followups) else results
 
     mp = pytest.MonkeyPatch()

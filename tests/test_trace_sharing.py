@@ -134,7 +134,7 @@ def test_trace_all_follow_ups_follow_the_policy(monkeypatch):
     """The one-core path: a follow-up is made unless its request's result says skip."""
     monkeypatch.setenv("TRAINPLAN_JOBS", "1")
     made = []
-    monkeypatch.setattr(parallel, "_run", lambda r: made.append(r) or r)
+    monkeypatch.setattr(parallel, "_run", lambda r, finish=None: made.append(r) or r)
     seen = []
 
     def policy(i, done, result):

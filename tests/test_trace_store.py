@@ -91,3 +91,33 @@ def test_the_least_recently_used_are_pruned(where, monkeypatch):
     monkeypatch.setattr(store, "_PRUNED", set())
     store._prune(where)
     assert list(where.glob("*.trace")) == [files[-1]]
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_cut_trace_keeps_its_whole_stack_replay_so_a_warm_run_replays_nothing(where, monkeypatch,
+                                                                               jobs):
+    """predict/depth.py `prepare`: a cut trace made here or in a worker (trace/parallel.py) comes
+    back with its whole stack's allocator replay, the store keeps it, and a second run reads it
+    instead of replaying 16 blocks' allocations again."""
+    import trainplan.predict.depth as depth
+    import trainplan.predict.memory as memory
+    from trainplan.predict.memory import fragmentation
+    from trainplan.trace.depth import MIN_BLOCKS
+    monkeypatch.setenv("TRAINPLAN_JOBS", jobs)
+    job = tiny_job(num_layers=MIN_BLOCKS)
+    sem = semantics_for(job, T4)
+    cold = Traces()
+    cold.prefetch([(job, sem, 2)])
+    whole = cold.exact(job, sem, 2)
+    assert whole.stack is not None and whole.stack.blocks == MIN_BLOCKS   # stitched, not whole
+    assert cold.traced == 2 and cold.loaded == 0
+    frag = fragmentation(whole)
+
+    def no_replay(*a, **kw):
+        raise AssertionError("replayed again")
+    monkeypatch.setattr(depth, "replay", no_replay)
+    monkeypatch.setattr(memory, "replay", no_replay)
+    warm = Traces()
+    again = warm.exact(job, sem, 2)
+    assert warm.traced == 0 and warm.loaded == 2
+    assert fragmentation(again) == frag

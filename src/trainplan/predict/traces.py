@@ -38,7 +38,7 @@ from ..trace.semantics import KernelSemantics
 from ..models import stack_hint
 from ..trace.depth import EXACT_BLOCKS, MIN_BLOCKS
 from ..trace.tracer import Trace, trace_step
-from .depth import HIGH, LOW, stitch
+from .depth import HIGH, LOW, keep_replays, prepare, stitch
 from .interpolate import same_shape_family, trace_between
 
 ANCHORS = (2, 32)      # the two real traces every micro-batch >= 2 is read from
@@ -239,7 +239,7 @@ class Traces:
                     return self._exact[key + (batch,)]
             if self._progress:
                 self._progress(describe(job, sem, batch))
-            tr = trace_step(trace_job(job), sem, batch, depth=depth)
+            tr = prepare(trace_step(trace_job(job), sem, batch, depth=depth))
             store.save(name, tr)
             self._store(key, batch, tr, "traced")
             self._learn(job, sem, tr)
@@ -378,7 +378,7 @@ class Traces:
             _key, tj, sem, batch, _d = first[i] if kind == "r" else then[i]
             self._progress(describe(tj, sem, batch))
 
-        out = trace_all(requests, followups, policy, started)
+        out = trace_all(requests, followups, policy, started, finish=prepare)
         results, more = out if then else (out, [None] * len(requests))
         for (_request, keep), tr in zip(fwd, results[steps:]):
             keep(tr)
@@ -547,7 +547,7 @@ def _hint_key(job, sem: KernelSemantics) -> tuple:
 
 def _as(tr: Trace, sem: KernelSemantics) -> Trace:
     """`tr` under semantics `sem` (the same step: `attention_twin`)."""
-    return tr if tr.semantics == sem else replace(tr, semantics=sem)
+    return tr if tr.semantics == sem else keep_replays(tr, replace(tr, semantics=sem))
 
 
 def half_twin(job, sem: KernelSemantics) -> tuple | None:
@@ -572,7 +572,7 @@ def relabel(tr: Trace, sem: KernelSemantics) -> Trace:
             r = copy.copy(r)
             r.dtype = _DTYPE_TWIN[r.dtype]
         ops.append(r)
-    return replace(tr, ops=ops, semantics=sem)
+    return keep_replays(tr, replace(tr, ops=ops, semantics=sem))
 
 
 def anchors_for(job, batch: int) -> list[int]:

@@ -52,12 +52,13 @@ def workers_available() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _run(request) -> Trace | tuple:
+def _run(request, finish: Callable | None = None) -> Trace | tuple:
     try:
         if isinstance(request, Forward):
             return trace_forward(*request)
         job, sem, batch, depth = request
-        return trace_step(job, sem, batch, depth=depth)
+        tr = trace_step(job, sem, batch, depth=depth)
+        return finish(tr) if finish is not None else tr
     except TrainplanError as e:   # keyword-only fields: sent back as a plain tuple
         return ("error", e.what, e.allowed, e.fix)
 
@@ -91,7 +92,8 @@ RUN, SKIP, WAIT, IDLE = "run", "skip", "wait", "idle"
 
 
 def trace_all(requests: list[tuple], followups: list[tuple | None] | None = None,
-              policy: Callable | None = None, started: Callable | None = None) -> list:
+              policy: Callable | None = None, started: Callable | None = None,
+              finish: Callable | None = None) -> list:
     """Trace each (job, KernelSemantics, batch, depth: blocks kept or None, trace/depth.py), or
     each `Forward`; a failure comes back as its TrainplanError.
 
@@ -100,7 +102,10 @@ def trace_all(requests: list[tuple], followups: list[tuple | None] | None = None
     follow-up i: RUN (make it now), SKIP (not needed: only once its request is `done`), WAIT
     (until the request is done) or IDLE (make it if a core is free and nothing else is); it is
     called with every request's result as it comes in, follow-up or not.
-    `started(kind, i)` is told as request ("r") or follow-up ("f") i starts."""
+    `started(kind, i)` is told as request ("r") or follow-up ("f") i starts. `finish(trace)`, a
+    module-level function (workers receive it pickled by name), is applied to each step's trace
+    where it is made, before it is sent back (predict/depth.py `prepare`: its allocator replay,
+    made on all cores)."""
     followups = followups or [None] * len(requests)
     policy = policy or (lambda i, done, result: RUN)
     started = started or (lambda kind, i: None)
@@ -109,18 +114,18 @@ def trace_all(requests: list[tuple], followups: list[tuple | None] | None = None
         results, more = [], [None] * len(requests)
         for i, r in enumerate(requests):
             started("r", i)
-            results.append(_result(_run(r)))
+            results.append(_result(_run(r, finish)))
             policy(i, True, results[i])
         for i, f in enumerate(followups):
             if f is not None and policy(i, True, results[i]) != SKIP:
                 started("f", i)
-                more[i] = _result(_run(f))
+                more[i] = _result(_run(f, finish))
     else:
-        results, more = _scheduled(requests, followups, policy, started)
+        results, more = _scheduled(requests, followups, policy, started, finish)
     return (results, more) if any(f is not None for f in followups) else results
 
 
-def _scheduled(requests, followups, policy, started):
+def _scheduled(requests, followups, policy, started, finish):
     """trace_all on the pool: requests first, follow-ups as `policy` lets them (see there)."""
     pool, workers = _pool(workers_available()), workers_available()
     done_q: queue.SimpleQueue = queue.SimpleQueue()
@@ -133,7 +138,7 @@ def _scheduled(requests, followups, policy, started):
 
     def submit(tag, request):
         started(*tag)
-        pool.apply_async(_run, (request,), callback=lambda r: done_q.put((tag, r)),
+        pool.apply_async(_run, (request, finish), callback=lambda r: done_q.put((tag, r)),
                          error_callback=lambda e: done_q.put((tag, e)))
 
     while queued or open_f or busy:

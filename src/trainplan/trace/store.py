@@ -8,6 +8,9 @@ source and data files, and the versions of Python, torch, transformers, timm and
 changed line anywhere in trainplan, or an upgraded library, makes every key new; nothing stale is
 ever read. `py:` models are not stored: their code may import anything, which no key can cover.
 
+A trace is kept with what the prediction layer derived from it in the worker that made it (its
+allocator replay: predict/depth.py `prepare`), so a warm plan replays nothing.
+
 Files: zlib-compressed pickles (about 80 KB for a 1B-parameter LLM's trace) in
 `paths.cache_dir()/traces`, written whole (a temporary file, renamed); past `MAX_BYTES` the least recently used are
 removed (once per process). Set
