@@ -11,6 +11,7 @@ what else runs on it.
 """
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -70,6 +71,13 @@ def split_in_process() -> str:
             f"winner {plan.winner}")
 
 
+def _command() -> str:
+    """`trainplan` on PATH, else the one beside this interpreter (a virtual environment run
+    without activating it)."""
+    beside = os.path.join(os.path.dirname(sys.executable), "trainplan")
+    return shutil.which("trainplan") or beside
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=1)
@@ -88,8 +96,8 @@ def main() -> int:
                 for run in ("cold", "warm"):
                     load = os.getloadavg()[0]
                     t0 = time.perf_counter()
-                    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                       text=True, env=env)
+                    r = subprocess.run([_command()] + cmd[1:], stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE, text=True, env=env)
                     wall = time.perf_counter() - t0
                     status = ("ok" if r.returncode == 0
                               else f"exit {r.returncode}: {r.stderr.strip()[-300:]}")
