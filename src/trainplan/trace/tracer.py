@@ -234,7 +234,7 @@ def _collect_and_freeze() -> None:
         gc.unfreeze()
         _traced = 0
         gc.collect()
-    elif gc.get_freeze_count():            # the first trace of a process: nothing to free yet
+    elif gc.get_freeze_count():   # else nothing is frozen: no earlier trace's garbage to free
         gc.collect()
     _traced += 1
     gc.freeze()
