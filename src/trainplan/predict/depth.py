@@ -169,7 +169,7 @@ def stitch(lo: Trace, hi: Trace) -> Trace | None:
     # the whole stack's replay is made when a fit is asked of this trace (memory.fragmentation:
     # the anchors', not every micro-batch a search reads off their line)
     out.derived["whole_replay"] = repeats(hi, L)
-    out.derived["fragmentation_from"] = functools.partial(_fragmentation, hi, L)
+    out.derived["fragmentation_from"] = functools.partial(_fragmentation, hi)
     return out
 
 
@@ -217,18 +217,17 @@ def repeats(hi: Trace, blocks: int) -> bool:
     return blocks > HIGH and _plan_of(hi) is not None
 
 
-def _fragmentation(hi: Trace, blocks: int) -> Fragmentation:
-    """The caching allocator's waste over the whole model's step: the replay (allocator.py) of
-    the allocations the whole stack makes (`whole_events`), which equals the full trace's replay
-    (tests/test_depth.py). Where the events do not repeat block by block, that of the 4-block
+def _fragmentation(hi: Trace) -> Fragmentation:
+    """The caching allocator's waste over the whole model's step (its `stack.blocks` blocks),
+    memoised on the cut trace `hi`: the replay (allocator.py) of the allocations the whole stack
+    makes (`whole_events`), which equals the full trace's replay (tests/test_depth.py). Where the events do not repeat block by block, that of the 4-block
     replay: the cut model has the whole model's mix of block sizes, and against full traces its
     required memory stays within -2% and +4% (a replay's segment-level noise)."""
-    memo = hi.derived.get("whole_fragmentation")
-    if memo is None or memo[0] != blocks:
-        events = whole_events(hi, blocks)
-        memo = hi.derived["whole_fragmentation"] = (
-            blocks, fragmentation(hi) if events is None else replayed(*replay(events)))
-    return memo[1]
+    if "whole_fragmentation" not in hi.derived:
+        events = whole_events(hi, hi.stack.blocks)
+        hi.derived["whole_fragmentation"] = \
+            fragmentation(hi) if events is None else replayed(*replay(events))
+    return hi.derived["whole_fragmentation"]
 
 
 def prepare(tr: Trace) -> Trace:
@@ -241,7 +240,7 @@ def prepare(tr: Trace) -> Trace:
     if tr.stack is None:
         fragmentation(tr)
     elif tr.stack.traced == HIGH and tr.stack.blocks > HIGH:
-        _fragmentation(tr, tr.stack.blocks)
+        _fragmentation(tr)
     return tr
 
 

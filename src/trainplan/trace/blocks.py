@@ -35,10 +35,11 @@ def module_blocks(blocks: nn.ModuleList) -> dict[int, int]:
     return {id(m): i for i, block in enumerate(blocks) for m in block.modules()}
 
 
-def tag(counter, blocks: nn.ModuleList) -> list:
-    """Install the hooks (module docstring) on the cut stack's `blocks`; returns their handles."""
+def tag(counter, blocks: nn.ModuleList) -> None:
+    """Install the hooks (module docstring) on the cut stack's `blocks`, for the one step traced
+    with them (the model is dropped after it, hooks and all)."""
     counter.tag_blocks = True
-    handles, before = [], []
+    before: list[int] = []
 
     def set_to(i):
         def hook(grad):
@@ -62,6 +63,5 @@ def tag(counter, blocks: nn.ModuleList) -> list:
                 if t is not None:
                     t.register_hook(set_to(i))
 
-        handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(block.register_forward_hook(post, with_kwargs=True))
-    return handles
+        block.register_forward_pre_hook(pre, with_kwargs=True)
+        block.register_forward_hook(post, with_kwargs=True)
