@@ -2,6 +2,7 @@
 same answers, and never reads a trace made from anything else."""
 import json
 import os
+import sys
 
 import pytest
 
@@ -59,11 +60,51 @@ def test_an_edited_local_config_is_a_new_key(where, tmp_path):
     assert store.key(job, sem, 2, None) != before
 
 
-def test_user_code_and_a_store_turned_off_are_never_stored(where, monkeypatch):
+HELPER = "import torch\nWIDTH = {w}\n"
+MODEL = ("import torch\nimport helper\n"
+         "def build():\n"
+         "    return torch.nn.Sequential(torch.nn.Linear(8, helper.WIDTH), torch.nn.ReLU(),\n"
+         "                               torch.nn.Linear(helper.WIDTH, 1))\n")
+
+
+def test_a_py_model_is_read_back_only_while_its_code_and_what_it_imports_are_unchanged(
+        where, tmp_path, monkeypatch):
+    """A `py:` model is keyed by its file; the helper module it imports from the user's folder
+    is recorded in the trace, and an edited helper makes the stored trace stale."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "helper.py").write_text(HELPER.format(w=16))
+    (code / "usermodel.py").write_text(MODEL)
+    monkeypatch.syspath_prepend(str(code))
+    monkeypatch.delitem(sys.modules, "helper", raising=False)
+    job = validate(Job(model=f"py:{code / 'usermodel.py'}:build", batch_size=4,
+                       inputs=[{"name": "input", "shape": ["batch", 8], "dtype": "float32"}]))
+    first = Traces()
+    a = evaluate(job, T4, traces=first)
+    assert first.traced >= 1 and first.loaded == 0
+    tr = next(iter(first._exact.values()))
+    assert set(tr.sources) >= {str(code / "helper.py"), str(code / "usermodel.py")}
+    warm = Traces()
+    assert _answers(evaluate(job, T4, traces=warm)) == _answers(a)
+    assert warm.traced == 0 and warm.loaded == first.traced
+
+    (code / "helper.py").write_text(HELPER.format(w=4096))     # same key, stale trace
+    monkeypatch.delitem(sys.modules, "helper")                  # as a new process imports it
+    sem = semantics_for(job, T4)
+    assert store.key(job, sem, 4, None) is not None
+    edited = Traces()
+    b = evaluate(job, T4, traces=edited)
+    assert edited.loaded == 0 and edited.traced >= 1
+    assert b.memory.required_bytes > a.memory.required_bytes
+
+    before = store.key(job, sem, 4, None)
+    (code / "usermodel.py").write_text(MODEL + "# edited\n")
+    assert store.key(job, sem, 4, None) != before
+
+
+def test_a_store_turned_off_is_never_written(where, monkeypatch):
     job = tiny_job()
     sem = semantics_for(job, T4)
-    py = job.with_(model="py:examples/glf_cr.py:build", transformer=None)
-    assert store.key(py, sem, 2, None) is None
     for off in ("off", "0", "no"):
         monkeypatch.setenv(store.ENV, off)
         assert store.folder() is None and store.key(job, sem, 2, None) is None

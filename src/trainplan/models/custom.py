@@ -12,7 +12,9 @@ import importlib
 import importlib.util
 import inspect
 import re
+import site
 import sys
+import sysconfig
 import traceback
 from pathlib import Path
 
@@ -90,6 +92,48 @@ def user_code_error(e: BaseException, user_file: str | Path | None, doing: str) 
     return TrainplanError(what, fix=fix)
 
 
+def _py_path(mod_name: str, base_dir: Path | None) -> Path:
+    """A `py:` file reference as given, or else relative to the job file's folder."""
+    path = Path(mod_name)
+    if not path.is_absolute() and base_dir is not None and not path.exists():
+        path = base_dir / path
+    return path
+
+
+def entry_file(job) -> Path | None:
+    """The file a `py:` job's factory lives in, found without running it (None: not found)."""
+    mod_name = job.model[3:].rpartition(":")[0]
+    if mod_name.endswith(".py"):
+        path = _py_path(mod_name, job.base_dir)
+        return path.resolve() if path.is_file() else None
+    try:
+        found = importlib.util.find_spec(mod_name)
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(found, "origin", None)
+    return Path(origin).resolve() if origin and Path(origin).is_file() else None
+
+
+def user_files() -> list[Path]:
+    """The .py files of every module loaded now from outside Python's installation (its
+    standard library and site-packages) and outside trainplan: the user's model code and what it
+    imports from their own folders, which a `py:` trace depends on (trace/store.py checks them
+    before reading one back)."""
+    outside = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                           *sysconfig.get_paths().values(),
+                                           site.getusersitepackages())}
+    outside.add(Path(__file__).resolve().parents[1])            # trainplan's own package
+    found = set()
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if not f or not f.endswith(".py"):
+            continue
+        path = Path(f).resolve()
+        if path.is_file() and not any(path.is_relative_to(o) for o in outside):
+            found.add(path)
+    return sorted(found)
+
+
 def _load_factory(ref: str, base_dir: Path | None):
     mod_name, _, fn_name = ref.rpartition(":")
     if not mod_name or not fn_name:
@@ -98,9 +142,7 @@ def _load_factory(ref: str, base_dir: Path | None):
     user_file = None
     try:
         if mod_name.endswith(".py"):
-            path = Path(mod_name)
-            if not path.is_absolute() and base_dir is not None and not path.exists():
-                path = base_dir / path
+            path = _py_path(mod_name, base_dir)
             if not path.exists():
                 raise TrainplanError(f"py: file {mod_name} does not exist.")
             user_file = path

@@ -6,7 +6,11 @@ key is a SHA-256 over all of those: the job's repr, the resolved model config (a
 local config.json's contents, not its name, so an edited file is a new key), trainplan's own
 source and data files, and the versions of Python, torch, transformers, timm and torchvision. A
 changed line anywhere in trainplan, or an upgraded library, makes every key new; nothing stale is
-ever read. `py:` models are not stored: their code may import anything, which no key can cover.
+ever read. A `py:` model's key has its file's path and contents; its trace also records every
+.py file of the user's own that was loaded when it was made (models/custom.py `user_files`: what
+the model imports from outside Python's installation), and is read back only while each of them
+is unchanged. Code the model reads other than Python it imports (a YAML of sizes, an environment
+variable) is not covered: the model's sizes belong in the job's `model_args`.
 
 A trace is kept with what the prediction layer derived from it in the worker that made it (its
 allocator replay: predict/depth.py `prepare`), so a warm plan replays nothing.
@@ -62,10 +66,23 @@ def code_fingerprint() -> str:
     return h.hexdigest()
 
 
+def digests(paths) -> dict[str, str]:
+    """Each file -> the SHA-256 of its contents (a file that cannot be read: "")."""
+    out = {}
+    for path in paths:
+        try:
+            out[str(path)] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        except OSError:
+            out[str(path)] = ""
+    return out
+
+
 def _model_fingerprint(job) -> str | None:
     """What the model is built from beyond the job's repr; None where it cannot be keyed."""
-    if job.model.startswith("py:"):
-        return None
+    if job.model.startswith("py:"):       # its file's path and contents; what it imports is
+        from ..models.custom import entry_file      # checked on reading back (`load`)
+        path = entry_file(job)
+        return None if path is None else json.dumps(digests([path]))
     if job.model.startswith("hf:"):
         from ..models.hf import load_config_dict
         try:
@@ -101,6 +118,9 @@ def load(name: str | None):
         trace = pickle.loads(zlib.decompress(data))
     except (OSError, zlib.error, pickle.UnpicklingError, EOFError, AttributeError, ImportError,
             TypeError, ValueError):
+        return None
+    sources = getattr(trace, "sources", None) or {}
+    if sources and digests(sources) != sources:     # a `py:` model's code changed since
         return None
     try:
         os.utime(path)          # recently used: pruned last

@@ -26,8 +26,9 @@ from torch.utils.module_tracker import ModuleTracker
 
 from ..errors import TrainplanError
 from ..models import ModelBundle, build_model
+from ..models.custom import user_files
 from ..models.lora import apply_lora
-from . import moe
+from . import moe, store
 from . import blocks as block_tags
 from .checkpointing import apply_checkpointing
 from .counters import CATEGORIES, OpRecord, StepCounter, event_blocks
@@ -132,6 +133,9 @@ class Trace:
     flash_eligible: int = 0           # SDPA calls flash would take (semantics.py `_sdpa`)
     # a cut trace's block of the stack (-1: none) for each of `alloc_events` (trace/blocks.py)
     event_blocks: list[int] | None = None
+    # a `py:` model's user code: each .py file loaded when the trace ended -> its SHA-256
+    # (models/custom.py `user_files`); the store reads the trace back only while all are unchanged
+    sources: dict[str, str] = field(default_factory=dict)
     # values the prediction layer derives from this trace alone (its op table, the allocator
     # replay), memoised so that every accelerator and strategy reuses them; never compared
     derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -452,7 +456,8 @@ def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_
         memory_log=counter.memory_log,
         checkpointed_blocks=blocks, lora_modules=lora_names, trace_seconds=seconds, notes=notes,
         stack=stack, flash_eligible=flash_eligible,
-        event_blocks=event_blocks(counter) if counter.tag_blocks else None)
+        event_blocks=event_blocks(counter) if counter.tag_blocks else None,
+        sources=store.digests(user_files()) if job.model.startswith("py:") else {})
 
 
 def _unit_bytes(model) -> tuple[int, int]:
