@@ -88,3 +88,27 @@ def test_a_missed_deadline_tries_the_speed_rungs_and_says_so():
     assert speed and speed[0].setting == {"precision": "bf16-amp"}
     assert speed[0].step_time_s_after < speed[0].step_time_s_before
     assert p.precision == "bf16-amp" and any("mixed precision" in c for c in p.changes)
+
+
+def test_shorter_sequences_are_not_tried_where_what_no_length_changes_does_not_fit():
+    """A 1.6B-parameter model from scratch in fp32 on a TPU v5e (16 GiB a core; no 8-bit
+    optimizer, LoRA, sharding or offload there): its weights, AdamW states and gradients need
+    more than a core has at any length, so the ladder says so once instead of tracing three
+    halvings; and the bound holds: the job at an eighth of its length still needs more than it."""
+    from trainplan.models.reference import TransformerDims
+    from trainplan.predict import Traces, evaluate
+    dims = TransformerDims(hidden_size=8192, num_layers=2, num_heads=8, intermediate_size=32768,
+                           vocab_size=256)
+    job = tiny_job(seq_len=1024, batch_size=1, steps=10, transformer=dims)
+    plan = make_plan(job, select_platforms(["kaggle-tpu-v5e-8"]))
+    p = plan.platforms[0]
+    assert not p.fits
+    seq = [f for f in p.fixes if f.rung == "seq-len"]
+    assert len(seq) == 1 and not seq[0].fits and seq[0].device_used_bytes_after is None
+    assert "no shorter sequence fits; not tried" in seq[0].note
+    tpu = get_accelerator("tpu-v5e-8")
+    full = evaluate(job, tpu, traces=Traces()).memory
+    short = evaluate(job.with_(seq_len=128), tpu, traces=Traces()).memory
+    assert full.floor_bytes > full.capacity_bytes
+    assert short.floor_bytes == full.floor_bytes and short.required_bytes >= short.floor_bytes
+    assert not short.fits

@@ -147,6 +147,22 @@ def test_required_non_decreasing_in_sequence_length(name, traces, accel):
     assert _non_decreasing(req), dict(zip(SEQS, req))
 
 
+@pytest.mark.parametrize("name", TEXT)
+def test_the_floor_is_below_every_required_and_the_same_at_every_length_and_batch(name, traces,
+                                                                                  accel):
+    """MemoryEstimate.floor_bytes, what the fix ladder reads to skip shorter sequences that
+    cannot fit (plan/planner.py): at most what any micro-batch or sequence length requires, and
+    one number for them all (weights, optimizer states, gradients in the update, the runtime)."""
+    floors, required = set(), []
+    for s in SEQS:
+        for b in (1, 2, 8):
+            jb = JOBS[name].with_(seq_len=s, batch_size=b)
+            mem = memory_at(jb, accel, traces, semantics_for(jb, accel), b)[2]
+            floors.add(mem.floor_bytes)
+            required.append(mem.required_bytes)
+    assert len(floors) == 1 and 0 < floors.pop() <= min(required)
+
+
 # --- (b) the largest micro-batch is the same whatever batch was asked ---------------------------
 
 @pytest.mark.parametrize("name", MODELS)

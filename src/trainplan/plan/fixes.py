@@ -15,7 +15,9 @@ computed, not assumed. Order (cheapest in speed and in how much the training cha
     9b GRPO/PPO under ZeRO-3: generation gathers layer by layer, not the whole model
     10 CPU offload of the optimizer state, then 11 of the parameters too (DeepSpeed ZeRO-Offload)
     12 shorter sequences (halved, at most 3 times, not below 64 tokens); a generating job
-       halves its prompts and completions
+       halves its prompts and completions. Not tried where what no length changes (weights,
+       optimizer states, gradients in the update, the runtime: MemoryEstimate.floor_bytes)
+       already exceeds the device
 
 A rung the platform cannot do is never kept; it is listed in `skipped_fixes` with the reason:
 the planner checks every rung's job against the prediction core's compatibility table

@@ -36,6 +36,7 @@ from ..predict.traces import anchors_for
 from ..predict.algorithms import request_rollout
 from ..predict.target import devices as devices_of, semantics_for
 from ..strategy import DDP, DP, SINGLE
+from ..units import fmt_bytes
 from . import cost as cost_mod
 from . import sessions as ses
 from . import storage as sto
@@ -244,7 +245,8 @@ class Planner:
     def ladder(self, jv, platform: Platform, cfg: Config, rungs=LADDER, need=None):
         """Apply rungs on top of each other until `need(cfg)` holds (default: it fits).
         Returns (job, config, fixes, skipped). A rung that changes nothing measurable (memory
-        when fitting, step time when speeding up) is tried, reported, and not kept."""
+        when fitting, step time when speeding up) is tried, reported, and not kept; shorter
+        sequences are reported untried where the memory no length lowers does not fit."""
         need = need or (lambda c: c.fits)
         speed = rungs is SPEED_LADDER
         fixes, skipped = [], []
@@ -261,6 +263,14 @@ class Planner:
             if broken is not None:          # the target cannot run this rung (compat.py)
                 skipped.append(f"{r.rung}: {broken.message}")
                 continue
+            if r.rung == "seq-len" and not speed and cfg.memory.floor_bytes > cfg.memory.capacity_bytes:
+                fixes.append(Fix(r.rung, r.title, r.setting, False, None, None, cfg.used_bytes, None,
+                                 cfg.time.step_time_s, None, r.changes_training,
+                                 f"weights, gradients and optimizer state alone need "
+                                 f"{fmt_bytes(cfg.memory.floor_bytes)} of "
+                                 f"{fmt_bytes(cfg.memory.capacity_bytes)} at any length: no "
+                                 "shorter sequence fits; not tried"))
+                break                   # the seq-len rungs are the ladder's last (fixes.py)
             bound = _at_most_saves(r.rung, cfg)
             if not speed and bound is not None and bound < max(KEEP_MIN_BYTES, 0.01 * cfg.used_bytes):
                 fixes.append(Fix(r.rung, r.title, r.setting, False, None, None, cfg.used_bytes, None,

@@ -84,6 +84,10 @@ class MemoryEstimate:
     host_ram_bytes: int                   # host memory the job needs (offload, per-process copies)
     gpu0_extra_bytes: int = 0             # DataParallel: what GPU 0 holds beyond the others
     held_bytes: int = 0                   # context + unconstrained reserved: what the device holds
+    # the part of required_bytes that no shorter sequence or smaller micro-batch lowers: the
+    # weights, the optimizer states the device holds and (in the update) the gradients, in the
+    # phase where they sum highest, and the runtime outside the allocator
+    floor_bytes: int = 0
 
     @property
     def fits(self) -> bool:
@@ -288,11 +292,17 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
                                                        trace.peak_breakdown_bytes)}
     best_phase, best = None, None
     devices = max(1, job.gpus) * accel.devices_per_unit
+    paged_states = job.optimizer in PAGED_OPTIMIZERS
+    fixed = 0
     for phase, (_total, cats) in phases.items():
         # torch_xla all-reduces gradients in place (no DDP bucket copies)
         t = _transform(cats, job, trace, phase, rt, devices, ddp_buckets=accel.kind != "tpu")
         if best is None or sum(t.values()) > sum(best.values()):
             best_phase, best = phase, t
+        # what this phase holds at any sequence length and micro-batch: the weights, the
+        # optimizer states the device holds, and during the update every gradient
+        fixed = max(fixed, t["weights"] + (0 if paged_states else t["optimizer_states"])
+                    + (t["gradients"] if phase == "optimizer" else 0))
     allocated = sum(best.values())
     # paged optimizer states live in CUDA unified memory, outside the caching allocator: on the
     # device while there is room, paged to host RAM by the driver when it runs short
@@ -327,7 +337,8 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
         device_used_bytes=used, required_bytes=required, capacity_bytes=capacity,
         breakdown_bytes=breakdown, peak_phase=best_phase,
         host_ram_bytes=_host_ram(trace, job, accel), gpu0_extra_bytes=gpu0_extra,
-        held_bytes=reserved + gpu0_extra + overhead)      # paged states never cause an OOM
+        held_bytes=reserved + gpu0_extra + overhead,      # paged states never cause an OOM
+        floor_bytes=fixed + overhead)
 
 
 def _replay_once(trace: Trace) -> tuple[int, int, int]:
