@@ -53,15 +53,18 @@ def real_traces():
             memo[k] = one(job, sem, batch_size, depth=depth)
         return memo[k]
 
-    def traced(requests, finish=None):
+    def traced(requests, finish=None, forwards=()):
+        """The steps `requests`, each traced once per module, and the generation `forwards`
+        beside them on all cores (as the planner's rounds make them): (steps, forwards)."""
         todo = list({key(*r): r for r in requests if key(*r) not in memo}.values())
+        made = many(todo + list(forwards), finish=finish) if todo or forwards else []
         failed = {}
-        for r, tr in zip(todo, many(todo, finish=finish) if todo else []):
+        for r, tr in zip(todo, made):
             if isinstance(tr, Trace):
                 memo[key(*r)] = tr
             else:
                 failed[key(*r)] = tr
-        return [memo.get(key(*r)) or failed[key(*r)] for r in requests]
+        return [memo.get(key(*r)) or failed[key(*r)] for r in requests], made[len(todo):]
 
     def trace_all(requests, followups=None, policy=None, started=None, finish=None):
         """trace_all's contract: each follow-up made once its request is in, unless skipped;
@@ -70,14 +73,13 @@ def real_traces():
         steps = [i for i, r in enumerate(requests) if not isinstance(r, Forward)]
         forwards = [i for i, r in enumerate(requests) if isinstance(r, Forward)]
         results, more = [None] * len(requests), [None] * len(requests)
-        for i, tr in zip(steps, traced([requests[i] for i in steps], finish)):
+        made, fwd = traced([requests[i] for i in steps], finish, [requests[i] for i in forwards])
+        for i, tr in zip(steps + forwards, made + fwd):
             results[i] = tr
-        for i, tr in zip(forwards, many([requests[i] for i in forwards]) if forwards else []):
-            results[i] = tr
-        for i, f in enumerate(followups):
-            verdict = policy(i, True, results[i]) if policy else "run"
-            if f is not None and verdict != "skip":
-                more[i] = traced([f], finish)[0]
+        wanted = [i for i, f in enumerate(followups)
+                  if f is not None and (policy(i, True, results[i]) if policy else "run") != "skip"]
+        for i, tr in zip(wanted, traced([followups[i] for i in wanted], finish)[0]):
+            more[i] = tr
         return (results, more) if any(f is not None for f in followups) else results
 
     mp = pytest.MonkeyPatch()
