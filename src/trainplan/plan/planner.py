@@ -263,20 +263,18 @@ class Planner:
             if broken is not None:          # the target cannot run this rung (compat.py)
                 skipped.append(f"{r.rung}: {broken.message}")
                 continue
-            if r.rung == "seq-len" and not speed and cfg.memory.floor_bytes > cfg.memory.capacity_bytes:
-                fixes.append(Fix(r.rung, r.title, r.setting, False, None, None, cfg.used_bytes, None,
-                                 cfg.time.step_time_s, None, r.changes_training,
-                                 f"weights, gradients and optimizer state alone need "
-                                 f"{fmt_bytes(cfg.memory.floor_bytes)} of "
-                                 f"{fmt_bytes(cfg.memory.capacity_bytes)} at any length: no "
-                                 "shorter sequence fits; not tried"))
+            mem = cfg.memory
+            if r.rung == "seq-len" and not speed and mem.floor_bytes > mem.capacity_bytes:
+                fixes.append(_untried(r, cfg, "weights, gradients and optimizer state alone need "
+                                      f"{fmt_bytes(mem.floor_bytes)} of "
+                                      f"{fmt_bytes(mem.capacity_bytes)} at any length: no "
+                                      "shorter sequence fits; not tried"))
                 break                   # the seq-len rungs are the ladder's last (fixes.py)
             bound = _at_most_saves(r.rung, cfg)
-            if not speed and bound is not None and bound < max(KEEP_MIN_BYTES, 0.01 * cfg.used_bytes):
-                fixes.append(Fix(r.rung, r.title, r.setting, False, None, None, cfg.used_bytes, None,
-                                 cfg.time.step_time_s, None, r.changes_training,
-                                 f"saves at most {bound / MiB:.0f} MiB here (the trace's optimizer "
-                                 "state); not tried"))
+            if not speed and bound is not None and \
+                    bound < max(KEEP_MIN_BYTES, 0.01 * cfg.used_bytes):
+                fixes.append(_untried(r, cfg, f"saves at most {bound / MiB:.0f} MiB here (the "
+                                      "trace's optimizer state); not tried"))
                 continue
             try:
                 new = self.configure(r.job, platform)
@@ -333,6 +331,12 @@ class Planner:
     @staticmethod
     def cost(cfg: Config, s: Sessions):
         return cost_mod.run_cost(cfg.platform, s.accelerator_s, s.finish_s)
+
+
+def _untried(r, cfg: Config, note: str) -> Fix:
+    """The ladder's row for rung step `r` not tried on `cfg`, and why (`note`)."""
+    return Fix(r.rung, r.title, r.setting, False, None, None, cfg.used_bytes, None,
+               cfg.time.step_time_s, None, r.changes_training, note)
 
 
 def _at_most_saves(rung: str, cfg: Config) -> float | None:

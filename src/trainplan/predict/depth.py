@@ -220,9 +220,10 @@ def repeats(hi: Trace, blocks: int) -> bool:
 def _fragmentation(hi: Trace) -> Fragmentation:
     """The caching allocator's waste over the whole model's step (its `stack.blocks` blocks),
     memoised on the cut trace `hi`: the replay (allocator.py) of the allocations the whole stack
-    makes (`whole_events`), which equals the full trace's replay (tests/test_depth.py). Where the events do not repeat block by block, that of the 4-block
-    replay: the cut model has the whole model's mix of block sizes, and against full traces its
-    required memory stays within -2% and +4% (a replay's segment-level noise)."""
+    makes (`whole_events`), which equals the full trace's replay (tests/test_depth.py). Where
+    the events do not repeat block by block, that of the 4-block replay: the cut model has the
+    whole model's mix of block sizes, and against full traces its required memory stays within
+    -2% and +4% (a replay's segment-level noise)."""
     if "whole_fragmentation" not in hi.derived:
         events = whole_events(hi, hi.stack.blocks)
         hi.derived["whole_fragmentation"] = \
