@@ -238,8 +238,8 @@ def _collect_and_freeze() -> None:
         gc.unfreeze()
         _traced = 0
         gc.collect()
-    elif gc.get_freeze_count():   # else nothing is frozen: no earlier trace's garbage to free
-        gc.collect()
+    elif _traced:   # else nothing is frozen: no earlier trace's garbage to free (a flag, not
+        gc.collect()  # gc.get_freeze_count(), which walks the frozen list: 0.05 s a trace)
     _traced += 1
     gc.freeze()
 
