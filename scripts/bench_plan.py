@@ -2,12 +2,13 @@
 (issue 18's target: each under 10 s on 2 cores).
 
 Run: python scripts/bench_plan.py [--repeat N] [--only SUBSTRING] [--split]. Each plan runs as a
-fresh process, as a user runs it (text output to /dev/null), twice: "cold" on an empty trace
-store (trace/store.py: a new machine, or changed code), then "warm" reading what the cold run
-stored (the same job planned again, with other options or platforms), each with its wall time
-and the machine's load average before it; `--split` then runs GraphMER-SE over all platforms
-in-process, split into tracing and the rest (planning over the platforms, ranking). Numbers depend on the machine and on
-what else runs on it.
+fresh process, as a user runs it (text output to /dev/null), twice: "cold" on an empty trace store
+(trace/store.py: a new machine, or changed code), then "warm" reading what the cold run stored (the
+same job planned again, with other options or platforms), each with its wall time and the machine's
+load average before it, and how many traces the cold run stored (each a step traced, or one shared
+with a twin: predict/traces.py); `--split` then runs GraphMER-SE over all platforms in-process,
+split into tracing and the rest (planning over the platforms, ranking). Numbers depend on the
+machine and on what else runs on it.
 """
 import argparse
 import os
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 CMD = ["trainplan", "plan", "examples/graphmer-se.yaml", "--platforms", "all"]
 LLM = ["--seq-len", "2048", "--precision", "bf16-amp", "--steps", "1000", "--platforms", "all"]
@@ -101,6 +103,8 @@ def main() -> int:
                     wall = time.perf_counter() - t0
                     status = ("ok" if r.returncode == 0
                               else f"exit {r.returncode}: {r.stderr.strip()[-300:]}")
+                    if run == "cold":     # what the cold run stored: its traces, and the
+                        status += f", {len(list(Path(store).glob('*.trace')))} traces stored"
                     print(f"{wall:7.2f} s  {run}  load {load:.2f}  {line} ({status})", flush=True)
     if args.split:
         print(split_in_process())
