@@ -12,12 +12,14 @@ affine in the batch, and the phase peaks and the allocator are replayed on those
 result equals a real trace; tests/test_predict_properties.py). When the two anchors run different
 ops (data-dependent control flow) the micro-batch itself is traced.
 
-One trace serves several targets where their steps are the same: an fp16 job reads its bf16
-twin's trace with the dtype renamed (`half_twin`), a TPU's fp16 AMP step is its bf16 AMP step
-(`same_step`), and flash and memory-efficient attention share a trace where no SDPA call could
-take flash (`attention_twin`: a bias such as ALiBi, a padding mask, fp32, a CNN). The last is
-known only once one of the two is traced, so `fill` traces the memory-efficient one first and the
-flash one only where the first took flash calls (a core that would sit idle traces it anyway).
+One trace serves several targets where their steps are the same, or one step is read off another: a
+job with gradient accumulation reads the step without it (accumulate.py, exact; not under
+channels_last), an fp16 job reads its bf16 twin's trace with the dtype renamed (`half_twin`), a
+TPU's fp16 AMP step is its bf16 AMP step (`same_step`), and flash and memory-efficient attention
+share a trace where no SDPA call could take flash (`attention_twin`: a bias such as ALiBi, a
+padding mask, fp32, a CNN). The last is known only once one of the two is traced, so `fill` traces
+the memory-efficient one first and the flash one only where the first took flash calls (a core that
+would sit idle traces it anyway).
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from ..models import stack_hint
 from ..trace.depth import EXACT_BLOCKS, MIN_BLOCKS
 from ..trace.tracer import Trace, trace_step
 from .depth import HIGH, LOW, keep_replays, prepare, stitch
+from .accumulate import accumulated, derivable
 from .interpolate import same_shape_family, trace_between
 
 ANCHORS = (2, 32)      # the two real traces every micro-batch >= 2 is read from
@@ -223,6 +226,11 @@ class Traces:
             if canon is not job:          # a TPU's fp16 AMP step is its bf16 AMP step
                 self._store(key, batch, self._real(canon, sem, batch, depth))
                 return self._exact[key + (batch,)]
+            if job.grad_accum > 1 and derivable(sem):   # read off the step without it
+                made = accumulated(self._real(job.with_(grad_accum=1), sem, batch, depth))
+                if made is not None:
+                    self._store(key, batch, made)
+                    return made
             name = self._load(key, job, sem, batch, depth)
             shared = None if key + (batch,) in self._exact else self._shared(job, sem, batch, depth)
             if shared is not None:
@@ -307,6 +315,8 @@ class Traces:
         todo = []
         for job, sem, batch in requests:
             job, sem = same_step(*(half_twin(job, sem) or (job, sem)))
+            if job.grad_accum > 1 and derivable(sem):    # accumulate.py: read off this one
+                job = job.with_(grad_accum=1)
             todo += [(job, sem, batch, d) for d in ((LOW, HIGH) if self._cuts(job, sem) else (None,))]
         if self.deferring is not None:
             missing = [r for r in todo if self._key(*r[:2], r[3]) + (r[2],) not in self._exact]

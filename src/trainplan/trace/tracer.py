@@ -136,6 +136,11 @@ class Trace:
     # a `py:` model's user code: each .py file loaded when the trace ended -> its SHA-256
     # (models/custom.py `user_files`); the store reads the trace back only while all are unchanged
     sources: dict[str, str] = field(default_factory=dict)
+    # (memory log entries, allocation events, op records) as the step's first forward and its
+    # optimizer step begin, and each gradient made in the backward (tracer.py `_gradient_made`):
+    # what predict/accumulate.py derives the step with gradient accumulation from
+    marks: list[tuple[int, int, int]] = field(default_factory=list)
+    gradients_made: list[tuple] = field(default_factory=list)
     # values the prediction layer derives from this trace alone (its op table, the allocator
     # replay), memoised so that every accelerator and strategy reuses them; never compared
     derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -305,11 +310,12 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
                 raise TrainplanError(f"{bundle.name} has no trainable parameter in this job.",
                                      fix="unfreeze something, or add LoRA adapters")
             for p in params:
-                p.register_post_accumulate_grad_hook(lambda p: counter.retag(p.grad, "gradients"))
+                p.register_post_accumulate_grad_hook(lambda p: _gradient_made(counter, p))
             opt = _warm_optimizer(job, params, counter)
             activation_bytes, weight_cast_bytes, act_by_module = _forward_backward(
                 job, bundle, batch, semantics, model, counter, tracker, sem)
             counter.phase = "optimizer"
+            counter.marks.append(_mark(counter))
             opt.step()
             opt.zero_grad(set_to_none=True)
             grad_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -352,6 +358,7 @@ def _forward_backward(job, bundle, batch: int, semantics, model, counter: StepCo
     activation_bytes = weight_cast_bytes = 0
     act_by_module: dict[str, int] = {}
     micro_batches = 2 if job.grad_accum > 1 else 1
+    counter.marks.append(_mark(counter))
     for m in range(micro_batches):
         last = m == micro_batches - 1
         counter.count_ops = last
@@ -379,6 +386,28 @@ def _forward_backward(job, bundle, batch: int, semantics, model, counter: StepCo
         del loss, inputs
         gc.collect()
     return activation_bytes, weight_cast_bytes, act_by_module
+
+
+def _mark(counter: StepCounter) -> tuple[int, int, int]:
+    """Where the step is now: (memory log entries, allocation events, op records) so far."""
+    return len(counter.memory_log), len(counter.events), len(counter.records)
+
+
+def _gradient_made(counter: StepCounter, p) -> None:
+    """A parameter's gradient is ready (autograd's AccumulateGrad ran: once per backward, every
+    contribution summed first): it is tagged a gradient, and where this backward made `.grad`
+    (the first of a step) the step with accumulation would instead add the new gradient into the
+    one held (an `add_` reading both and writing one) and free it. Recorded as (ops so far,
+    memory log entry of the tag, the block running, that `add_`) for predict/accumulate.py."""
+    n = len(counter.memory_log)
+    counter.retag(p.grad, "gradients")
+    if counter.phase != "backward" or not counter.count_ops:
+        return
+    g = p.grad
+    add = OpRecord("add_", "other", "backward", 0.0, float(3 * g.numel() * g.element_size()),
+                   str(g.dtype).replace("torch.", ""), counter._module(), counter.recompute, 0)
+    counter.gradients_made.append((len(counter.records), n if len(counter.memory_log) > n
+                                   else None, counter.block, add))
 
 
 def _tag_states(opt, counter: StepCounter) -> None:
@@ -452,12 +481,13 @@ def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_
         moe_dispatch_elements=experts[2], hidden_size=_hidden_size(job, model),
         flops=flops, bytes_moved=moved,
         recompute_flops=recompute, ops=list(counter.records), modules=rows,
-        timeline=_downsample(counter.timeline), alloc_events=counter.events,
+        timeline=downsample(counter.timeline), alloc_events=counter.events,
         memory_log=counter.memory_log,
         checkpointed_blocks=blocks, lora_modules=lora_names, trace_seconds=seconds, notes=notes,
         stack=stack, flash_eligible=flash_eligible,
         event_blocks=event_blocks(counter) if counter.tag_blocks else None,
-        sources=store.digests(user_files()) if job.model.startswith("py:") else {})
+        sources=store.digests(user_files()) if job.model.startswith("py:") else {},
+        marks=list(counter.marks), gradients_made=list(counter.gradients_made))
 
 
 def _unit_bytes(model) -> tuple[int, int]:
@@ -549,7 +579,7 @@ def _subtree_sums(values) -> dict[str, float]:
     return out
 
 
-def _downsample(timeline: list[tuple[str, int]], n: int = 1500) -> list[tuple[str, int]]:
+def downsample(timeline: list[tuple[str, int]], n: int = 1500) -> list[tuple[str, int]]:
     if len(timeline) <= n:
         return timeline
     step = len(timeline) / n
