@@ -39,6 +39,20 @@ def test_second_run_reads_the_store_and_answers_the_same(where):
     assert _answers(a) == _answers(b)
 
 
+def test_a_step_read_off_another_is_kept_and_read_back(where):
+    # gradient accumulation: the step without it is traced, the step with it read off it
+    # (predict/accumulate.py) and stored beside it; the next run traces nothing
+    job = tiny_job(batch_size=4, grad_accum=4)
+    first = Traces()
+    a = evaluate(job, T4, traces=first)
+    stored = len(list(where.glob("*.trace")))
+    assert first.traced >= 1 and stored == 2 * first.traced
+    second = Traces()
+    b = evaluate(job, T4, traces=second)
+    assert second.traced == 0 and second.loaded == stored
+    assert _answers(a) == _answers(b)
+
+
 def test_a_different_job_or_batch_is_a_different_key(where):
     job = tiny_job()
     sem = semantics_for(job, T4)
