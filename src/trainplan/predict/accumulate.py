@@ -15,11 +15,11 @@ step without accumulation with one more forward and backward spliced in before t
 So the ops it counts (the second micro-batch's and the update's) are the step's with each
 gradient's `add_` after the op that made the gradient, and its memory log is the step's with the
 copy spliced in before the update; each phase's peak, the step's peak and the allocation events
-follow from that log as the tracer computes them (counters.py). The timeline (the live total after
-each op, for the reports' chart) is the log's live total after each event, sampled as the tracer
-samples (tracer.py `downsample`). tests/test_accumulate.py checks the result, field for field,
-against traces made with accumulation (GPT-2's tied embeddings, BERT in fp32, Llama cut to 3 and 4
-blocks with LoRA, QLoRA, 8-bit AdamW and checkpointing, a ResNet). Where the backward frees a
+follow from that log as the tracer computes them (counters.py `replay_log`). The timeline (the live
+total after each op, for the reports' chart) is the log's live total after each event, sampled as
+the tracer samples (tracer.py `downsample`). tests/test_accumulate.py checks the result, field for
+field, against traces made with accumulation (GPT-2's tied embeddings, BERT in fp32, Llama cut to 3
+and 4 blocks with LoRA, QLoRA, 8-bit AdamW and checkpointing, a ResNet). Where the backward frees a
 tensor made before the forward, the update frees a micro-batch's tensor other than a gradient, a
 gradient's tag was not logged, or the step has no marks, there is no derivation (None) and the step
 is traced with accumulation; so too under channels_last, where the first micro-batch copies a
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..trace.counters import ALLOC, CATEGORIES, FREE, RETAG
+from ..trace.counters import ALLOC, FREE, RETAG, replay_log
 from ..trace.tracer import Trace, downsample
 
 
@@ -101,7 +101,7 @@ def accumulated(tr: Trace) -> Trace | None:
     events += [(s + shift if s >= ev_o else s, n) for s, n in tr.alloc_events[ev_o:]]
     if blocks is not None:
         blocks += tr.event_blocks[ev_o:]
-    peaks, peak, timeline = _replay(out)
+    peaks, peak, timeline = replay_log(out, timeline=True)
     ops, k = [], 0                   # each add_ after the op whose gradient it takes, in order
     for at, _log, _block, add in tr.gradients_made:
         ops += tr.ops[k:at]
@@ -117,39 +117,3 @@ def accumulated(tr: Trace) -> Trace | None:
                    timeline=downsample(timeline), marks=[], gradients_made=[],
                    flash_eligible=2 * tr.flash_eligible)   # each micro-batch's calls
 
-
-def _replay(log: list[tuple]) -> tuple[dict, tuple, list]:
-    """Each phase's peak by category, the step's peak (bytes, phase, by category) and the live
-    total after each event, as StepCounter computes them (counters.py `track`)."""
-    live, by_cat, held = 0, dict.fromkeys(CATEGORIES, 0), {}
-    peaks: dict[str, tuple[int, dict[str, int]]] = {}
-    peak, phase_now = (0, "setup", dict(by_cat)), "setup"
-    timeline = []
-    for entry in log:
-        kind = entry[0]
-        if kind == ALLOC:
-            _, serial, nbytes, cat, phase = entry
-            phase_now = phase
-            held[serial] = [nbytes, cat]
-            live += nbytes
-            by_cat[cat] = by_cat.get(cat, 0) + nbytes
-            if live > peak[0]:
-                peak = (live, phase, dict(by_cat))
-            if live > peaks.get(phase, (-1,))[0]:
-                peaks[phase] = (live, dict(by_cat))
-        elif kind == FREE:
-            nbytes, cat = held.pop(entry[1])
-            live -= nbytes
-            by_cat[cat] -= nbytes
-        elif kind == RETAG:
-            rec = held.get(entry[1])
-            if rec is not None:
-                by_cat[rec[1]] -= rec[0]
-                by_cat[entry[2]] = by_cat.get(entry[2], 0) + rec[0]
-                rec[1] = entry[2]
-        else:
-            peaks.clear()
-            peak = (live, phase_now, dict(by_cat))
-        timeline.append((phase_now, live))
-    fix = {k: (v[0], {c: int(v[1].get(c, 0)) for c in CATEGORIES}) for k, v in peaks.items()}
-    return fix, (peak[0], peak[1], {c: int(peak[2].get(c, 0)) for c in CATEGORIES}), timeline

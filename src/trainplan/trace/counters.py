@@ -44,22 +44,33 @@ ALLOC, FREE, RETAG, RESET = "alloc", "free", "retag", "reset"     # memory_log e
 
 def phase_peaks_from_log(log: list[tuple], sizes: dict[int, int] | None = None
                          ) -> dict[str, tuple[int, dict[str, int]]]:
-    """Each phase's peak live bytes and their split by category, replaying a counter's
-    `memory_log` exactly as `StepCounter` computes `phase_peaks` (a new peak is checked at every
-    allocation, in the phase current then). `sizes` (serial -> bytes) replaces the logged
+    """Each phase's peak live bytes and their split by category (`replay_log`)."""
+    return replay_log(log, sizes)[0]
+
+
+def replay_log(log: list[tuple], sizes: dict[int, int] | None = None, timeline: bool = False
+               ) -> tuple[dict[str, tuple[int, dict[str, int]]], tuple, list | None]:
+    """Replay a counter's `memory_log` exactly as `StepCounter` computes its peaks (a new peak
+    is checked at every allocation, in the phase current then): (each phase's peak live bytes
+    and their split by category, the step's peak as (bytes, phase, by category), and with
+    `timeline` the live total after each entry). `sizes` (serial -> bytes) replaces the logged
     allocation sizes: the same step at another micro-batch (predict/interpolate.py)."""
     live, by_cat, held = 0, dict.fromkeys(CATEGORIES, 0), {}
     peaks: dict[str, tuple[int, dict[str, int]]] = {}
+    peak, phase_now = (0, "setup", dict(by_cat)), "setup"
+    line: list[tuple[str, int]] | None = [] if timeline else None
     for entry in log:
         kind = entry[0]
         if kind == ALLOC:
-            _, serial, nbytes, cat, phase = entry
+            _, serial, nbytes, cat, phase_now = entry
             nbytes = sizes.get(serial, nbytes) if sizes is not None else nbytes
             held[serial] = [nbytes, cat]
             live += nbytes
             by_cat[cat] = by_cat.get(cat, 0) + nbytes
-            if live > peaks.get(phase, (-1,))[0]:
-                peaks[phase] = (live, dict(by_cat))
+            if live > peak[0]:
+                peak = (live, phase_now, dict(by_cat))
+            if live > peaks.get(phase_now, (-1,))[0]:
+                peaks[phase_now] = (live, dict(by_cat))
         elif kind == FREE:
             nbytes, cat = held.pop(entry[1])
             live -= nbytes
@@ -72,7 +83,14 @@ def phase_peaks_from_log(log: list[tuple], sizes: dict[int, int] | None = None
                 rec[1] = entry[2]
         else:                                   # RESET: the real step starts its peaks anew
             peaks.clear()
-    return {k: (v[0], {c: int(v[1].get(c, 0)) for c in CATEGORIES}) for k, v in peaks.items()}
+            peak = (live, phase_now, dict(by_cat))
+        if line is not None:
+            line.append((phase_now, live))
+
+    def whole(cats: dict) -> dict[str, int]:
+        return {c: int(cats.get(c, 0)) for c in CATEGORIES}
+    return ({k: (v[0], whole(v[1])) for k, v in peaks.items()}, (peak[0], peak[1], whole(peak[2])),
+            line)
 
 MATMUL_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution,
               aten.convolution_backward, aten._convolution, aten.addbmm, aten.mv, aten.dot,
