@@ -42,15 +42,15 @@ def derivable(sem) -> bool:
 def accumulated(tr: Trace) -> Trace | None:
     """`tr`, a step without accumulation, as the step with it (module docstring), or None."""
     if len(tr.marks) != 2 or any(g[1] is None for g in tr.gradients_made) \
-            or tr.semantics.channels_last:
+            or not derivable(tr.semantics):
         return None
-    (log_f, ev_f, _op_f), (log_o, ev_o, _op_o) = tr.marks
+    (log_f, ev_f), (log_o, ev_o) = tr.marks
     log = tr.memory_log
     made = {g[1]: g for g in tr.gradients_made}
     out = list(log[:log_o])
     blocks = list(tr.event_blocks[:ev_o]) if tr.event_blocks is not None else None
     events = list(tr.alloc_events[:ev_o])
-    sizes = {s: n for s, n in tr.alloc_events[:ev_o] if n > 0}
+    sizes: dict[int, int] = {}       # the copies' sizes (every free below is of a copy)
     copy: dict[int, int] = {}
     j = ev_f                         # the first micro-batch's event this entry repeats
     for i in range(log_f, log_o):

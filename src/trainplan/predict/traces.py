@@ -226,21 +226,18 @@ class Traces:
             if canon is not job:          # a TPU's fp16 AMP step is its bf16 AMP step
                 self._store(key, batch, self._real(canon, sem, batch, depth))
                 return self._exact[key + (batch,)]
-            if job.grad_accum > 1 and derivable(sem):   # read off the step without it, then
-                name = self._load(key, job, sem, batch, depth)   # kept on disk like a trace
-                if key + (batch,) not in self._exact:
-                    made = accumulated(self._real(job.with_(grad_accum=1), sem, batch, depth))
-                    if made is not None:
-                        store.save(name, prepare(made))
-                        self._store(key, batch, made)
-                if key + (batch,) in self._exact:
-                    return self._exact[key + (batch,)]
             name = self._load(key, job, sem, batch, depth)
             shared = None if key + (batch,) in self._exact else self._shared(job, sem, batch, depth)
             if shared is not None:
                 self._store(key, batch, shared)
             if key + (batch,) in self._exact:
                 return self._exact[key + (batch,)]
+            if job.grad_accum > 1 and derivable(sem):   # read off the step without it, and
+                made = accumulated(self._real(job.with_(grad_accum=1), sem, batch, depth))
+                if made is not None:                    # kept on disk like a trace
+                    store.save(name, prepare(made))
+                    self._store(key, batch, made)
+                    return made
             if self.deferring is not None and key + (batch,) not in self._failed:
                 self.deferring.append((job, sem, batch, depth))
                 raise Deferred

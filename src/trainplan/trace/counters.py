@@ -242,7 +242,7 @@ class StepCounter(TorchDispatchMode):
         # predict/depth.py repeats to replay the allocator over the whole stack
         self.tag_blocks = False
         self.event_blocks: list[int] = []
-        self.marks: list[tuple[int, int, int]] = []    # tracer.py `_mark`, `_gradient_made`
+        self.marks: list[tuple[int, int]] = []    # tracer.py `_mark`, `_gradient_made`
         self.gradients_made: list[tuple] = []
 
     # -- storage bookkeeping --------------------------------------------------------------

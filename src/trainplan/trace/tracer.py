@@ -136,10 +136,10 @@ class Trace:
     # a `py:` model's user code: each .py file loaded when the trace ended -> its SHA-256
     # (models/custom.py `user_files`); the store reads the trace back only while all are unchanged
     sources: dict[str, str] = field(default_factory=dict)
-    # (memory log entries, allocation events, op records) as the step's first forward and its
-    # optimizer step begin, and each gradient made in the backward (tracer.py `_gradient_made`):
-    # what predict/accumulate.py derives the step with gradient accumulation from
-    marks: list[tuple[int, int, int]] = field(default_factory=list)
+    # (memory log entries, allocation events) as the step's first forward and its optimizer
+    # step begin, and each gradient made in the backward (tracer.py `_gradient_made`): what
+    # predict/accumulate.py derives the step with gradient accumulation from
+    marks: list[tuple[int, int]] = field(default_factory=list)
     gradients_made: list[tuple] = field(default_factory=list)
     # values the prediction layer derives from this trace alone (its op table, the allocator
     # replay), memoised so that every accelerator and strategy reuses them; never compared
@@ -388,9 +388,9 @@ def _forward_backward(job, bundle, batch: int, semantics, model, counter: StepCo
     return activation_bytes, weight_cast_bytes, act_by_module
 
 
-def _mark(counter: StepCounter) -> tuple[int, int, int]:
-    """Where the step is now: (memory log entries, allocation events, op records) so far."""
-    return len(counter.memory_log), len(counter.events), len(counter.records)
+def _mark(counter: StepCounter) -> tuple[int, int]:
+    """Where the step is now: (memory log entries, allocation events) so far."""
+    return len(counter.memory_log), len(counter.events)
 
 
 def _gradient_made(counter: StepCounter, p) -> None:
