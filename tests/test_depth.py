@@ -1,5 +1,6 @@
-"""A deep model traced cut to 3 and 4 blocks (predict/depth.py) gives the step of the full trace,
-and an fp16 job read off its bf16 twin's trace (traces.half_twin) gives that of its own trace."""
+"""A deep model traced cut to 4 blocks (predict/depth.py: one block more read off its last one,
+or a second trace cut to 3) gives the step of the full trace, and an fp16 job read off its bf16
+twin's trace (traces.half_twin) gives that of its own trace."""
 from __future__ import annotations
 
 import pytest
@@ -92,6 +93,86 @@ def test_whole_stack_replay_is_the_full_traces(name):
     assert allocs == [n for _s, n in full.alloc_events if n > 0]
     assert replay(events) == replay(full.alloc_events)
     assert replay(events) != replay(hi.alloc_events)
+
+
+EXTENDS = {
+    "llama": LLAMA,
+    "llama-full-ckpt": LLAMA.with_(grad_checkpointing="full"),
+    "llama-qlora-full-ckpt": LLAMA.with_(lora=Lora(), quantize="nf4", grad_checkpointing="full"),
+    "llama-selective-8bit-accum": LLAMA.with_(grad_checkpointing="selective",
+                                              optimizer="adamw-8bit", grad_accum=2),
+    "gpt2-fp16": Job(model="hf:openai-community/gpt2-medium", seq_len=128, precision="fp16-amp"),
+}
+
+
+def _work(tr):
+    from collections import Counter
+    return Counter((r.name, r.phase, r.dtype, r.recompute, r.family, round(r.flops),
+                    round(r.bytes)) for r in tr.ops)
+
+
+@pytest.mark.parametrize("name", list(EXTENDS))
+def test_one_block_more_is_read_off_the_last_one(name):
+    """depth.extend: the 4-block trace with one more block, read off what its last block does
+    (tagged by the tracer), is the trace of the model cut to 5 blocks: the same ops, totals,
+    phase peaks by category and module table. With accumulation the 4-block step is itself
+    read off the step without it (accumulate.py), as the planner reads it."""
+    from trainplan.predict.accumulate import accumulated
+    from trainplan.predict.depth import HIGH, extend
+    from trainplan.predict.target import semantics_for
+    from trainplan.predict.traces import trace_job
+    from trainplan.trace.tracer import trace_step
+    job = trace_job(EXTENDS[name])
+    sem = semantics_for(job, get_accelerator("t4" if "fp16" in name else "a100-80gb"))
+    if job.grad_accum > 1:
+        hi = accumulated(trace_step(job.with_(grad_accum=1), sem, 2, depth=HIGH))
+    else:
+        hi = trace_step(job, sem, 2, depth=HIGH)
+    more, real = extend(hi), trace_step(job, sem, 2, depth=HIGH + 1)
+    assert more is not None and more.stack == real.stack
+    assert _work(more) == _work(real)
+    for field in ("params_total", "params_trainable", "weight_bytes", "trainable_param_bytes",
+                  "gradient_bytes", "optimizer_state_bytes", "activation_bytes",
+                  "weight_cast_bytes", "phase_peaks", "peak_allocated_bytes", "peak_phase",
+                  "checkpointed_blocks", "lora_modules"):
+        assert getattr(more, field) == getattr(real, field), field
+    assert more.recompute_flops == pytest.approx(real.recompute_flops, rel=1e-9)
+    for phase, families in real.flops.items():
+        for family, x in families.items():
+            assert more.flops[phase][family] == pytest.approx(x, rel=1e-9)
+            assert more.bytes_moved[phase][family] == pytest.approx(
+                real.bytes_moved[phase][family], rel=1e-9)
+    # the module table: every row's parameters and activations; FLOPs of the rows holding the
+    # stack (a block's own row gets backward ops the tracker attributes to its neighbour)
+    assert [(m.name, m.params, m.trainable_params, m.activation_bytes) for m in more.modules] == \
+        [(m.name, m.params, m.trainable_params, m.activation_bytes) for m in real.modules]
+    parts = real.stack.path.split(".")
+    holders = ["(total)"] + [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    mine, theirs = ({m.name: m for m in tr.modules} for tr in (more, real))
+    for name in holders:
+        assert mine[name].flops_forward == pytest.approx(theirs[name].flops_forward, rel=1e-9)
+        assert mine[name].flops_backward == pytest.approx(theirs[name].flops_backward, rel=1e-9)
+
+
+def test_a_cut_model_is_traced_at_one_depth(monkeypatch):
+    """The planner traces a cut model with HIGH blocks only; where one block more cannot be
+    read off it (depth.extend gives None) it also traces LOW blocks, and the two ways give the
+    same step."""
+    import trainplan.predict.depth as depth
+    accel = get_accelerator("a100-80gb")
+    job = LLAMA.with_(batch_size=4, grad_checkpointing="full")
+    one = Traces()
+    ev = evaluate(job, accel, traces=one, strict=False)
+    assert {key[2] for key in one._exact} == {depth.HIGH}
+    assert ev.trace.notes[-1].startswith(f"traced with {depth.HIGH} of its")
+    monkeypatch.setattr(depth, "extend", lambda tr: None)
+    monkeypatch.setattr(traces_mod, "extend", lambda tr: None)
+    two = Traces()
+    old = evaluate(job, accel, traces=two, strict=False)
+    assert {key[2] for key in two._exact} == {depth.LOW, depth.HIGH}
+    assert old.time.step_time_s == pytest.approx(ev.time.step_time_s, rel=1e-9)
+    assert old.memory.required_bytes == pytest.approx(ev.memory.required_bytes, rel=0.001)
+    assert old.trace.phase_peaks == ev.trace.phase_peaks
 
 
 def test_a_stack_whose_allocations_do_not_repeat_is_traced_whole_below_40_blocks():

@@ -150,10 +150,11 @@ def test_trace_all_follow_ups_follow_the_policy(monkeypatch):
     assert parallel.trace_all(["a"]) == ["a"]          # no follow-ups: a plain list
 
 
-def test_a_round_asks_for_both_cut_traces_and_both_anchors_at_once(monkeypatch):
-    """traces.every: a step read off the anchors' line of a cut model needs four traces (two
-    anchors, 3 and 4 blocks); the first round asks for all four, not one per round."""
-    from trainplan.predict.depth import HIGH, LOW
+def test_a_round_asks_for_both_anchors_of_a_cut_model_at_once(monkeypatch):
+    """traces.every: a step read off the anchors' line of a cut model needs two traces (the two
+    anchors, cut to 4 blocks; one block more is read off the last, depth.extend); the first
+    round asks for both, not one per round."""
+    from trainplan.predict.depth import HIGH
     from trainplan.predict.traces import ANCHORS
     from trainplan.trace.depth import MIN_BLOCKS
     rounds = []
@@ -169,4 +170,4 @@ def test_a_round_asks_for_both_cut_traces_and_both_anchors_at_once(monkeypatch):
     traces = Traces()
     with pytest.raises(Stop):
         traces.in_rounds([lambda: traces.at(job, EFFICIENT, 5)])
-    assert rounds == [{(b, d) for b in ANCHORS for d in (LOW, HIGH)}]
+    assert rounds == [{(b, HIGH) for b in ANCHORS}]

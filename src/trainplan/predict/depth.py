@@ -1,13 +1,17 @@
-"""The step of a model with L repeated blocks, from traces of the same model cut to 3 and 4.
+"""The step of a model with L repeated blocks, from one trace of the same model cut to 4.
 
 A model with a stack of L alike blocks (trace/depth.py) runs, per step, the ops outside the stack
 (embeddings, head, loss, the optimizer's multi-tensor kernels over every parameter) and L times
-one block's ops, forward and backward (and the rerun of a checkpointed block). So:
+one block's ops, forward and backward (and the rerun of a checkpointed block). Two cuts, n and
+n + 1 blocks, give what one block adds: the 4-block trace and the same step with one block more,
+read off what the 4-block trace's last block does (`extend`, exact against a real 5-block trace);
+where that cannot be read (a mixture-of-experts model, events that do not repeat block by
+block), a second trace cut to 3 (`stitch(lo, hi)` either way). So, with n the smaller cut:
 
-* ops: the 4-block trace's, plus L-4 more times the ops one more block adds (what the 4-block
-  trace runs beyond the 3-block one, compared as multisets); an op both run at different sizes
+* ops: the larger cut's, plus L-n-1 more times the ops one more block adds (what the larger
+  cut runs beyond the smaller, compared as multisets); an op both run at different sizes
   (a multi-tensor optimizer kernel over every parameter) takes FLOPs and bytes
-  x(L) = x(3) + (L - 3)(x(4) - x(3));
+  x(L) = x(n) + (L - n)(x(n+1) - x(n));
 * every byte count and each phase's peak by category: the same line through the two traces. A
   phase's peak is where the live total is largest; with alike blocks it mostly comes at the same
   place in the step (end of forward, the start of backward, the optimizer's update) at any depth
@@ -19,9 +23,10 @@ one block's ops, forward and backward (and the rerun of a checkpointed block). S
 * the caching allocator's fragmentation: the replay of the whole stack's allocations, the
   4-block trace's repeated block by block (`whole_events`), which is the full trace's replay;
   where they do not repeat, that of the 4-block replay (`_fragmentation`);
-* the module table, the checkpointed blocks and the LoRA modules: block 3's rows copied for 4..L-1.
+* the module table, the checkpointed blocks and the LoRA modules: the larger cut's last block's
+  rows copied for the rest.
 
-Where the 3-block trace runs an op the 4-block one does not, `stitch` returns None and the whole
+Where the smaller cut runs an op the larger one does not, `stitch` returns None and the whole
 model is traced. tests/test_depth.py checks the result against full traces (Llama, GPT-2, BERT,
 LoRA, QLoRA, checkpointing, accumulation, 8-bit AdamW): the same step time and byte counts, the
 allocated peak within 1%, the required memory within the allocator replay's noise (5%).
@@ -33,7 +38,7 @@ import functools
 import re
 from dataclasses import replace
 
-from ..trace.counters import CATEGORIES
+from ..trace.counters import ALLOC, CATEGORIES, FREE, RETAG, replay_log
 from ..trace.tracer import ModuleRow, Trace
 from .allocator import replay
 from .memory import Fragmentation, fragmentation, replayed
@@ -98,15 +103,19 @@ def _block_delta(lo_ops: list, hi_ops: list) -> tuple[list, list[tuple]] | None:
     return new, pairs
 
 
-def stitch(lo: Trace, hi: Trace) -> Trace | None:
-    """The whole model's trace from its traces cut to LOW and HIGH blocks (module docstring), or
-    None where they do not fit the pattern of alike blocks."""
-    if lo.stack is None or hi.stack is None or lo.stack.path != hi.stack.path:
+def stitch(lo: Trace, hi: Trace, tagged: Trace | None = None) -> Trace | None:
+    """The whole model's trace from its traces cut to n and n + 1 blocks (module docstring:
+    LOW and HIGH, or HIGH and the HIGH-block trace's `extend`), or None where they do not fit
+    the pattern of alike blocks. `tagged`: the HIGH-block trace, whose allocations repeat over
+    the whole stack (`whole_events`); `hi` by default."""
+    if lo.stack is None or hi.stack is None or lo.stack.path != hi.stack.path or \
+            hi.stack.traced != lo.stack.traced + 1:
         return None
-    L, path = hi.stack.blocks, hi.stack.path
-    f = float(L - LOW)                 # (L - LOW) / (HIGH - LOW), HIGH - LOW = 1
+    tagged = hi if tagged is None else tagged
+    L, path, n = hi.stack.blocks, hi.stack.path, hi.stack.traced
+    f = float(L - lo.stack.traced)     # (L - lo) / (hi - lo), hi - lo = 1
     pattern = _index_pattern(path)
-    last = HIGH - 1
+    last = n - 1
     delta = _block_delta(lo.ops, hi.ops)
     if delta is None or lo.phase_peaks.keys() != hi.phase_peaks.keys():
         return None
@@ -129,7 +138,7 @@ def stitch(lo: Trace, hi: Trace) -> Trace | None:
     # the same records, not copies: nothing changes a trace's records in place (who derives one
     # copies it first: interpolate.py, traces.relabel), and an 80-block model repeats ~150 of
     # them 76 times (copying them was most of a warm 70B plan's time)
-    ops.extend(r for _ in range(HIGH, L) for r in new)
+    ops.extend(r for _ in range(n, L) for r in new)
 
     phase_peaks = {ph: (whole(lo.phase_peaks[ph][0], v[0]),
                         {c: whole(lo.phase_peaks[ph][1].get(c, 0), v[1].get(c, 0))
@@ -142,7 +151,7 @@ def stitch(lo: Trace, hi: Trace) -> Trace | None:
 
     def names(items: list[str]) -> list[str]:
         tails = [_split(pattern, n) for n in items if _block_of(pattern, n) == last]
-        return list(items) + [f"{a}{i}{b}" for i in range(HIGH, L) for a, b in tails]
+        return list(items) + [f"{a}{i}{b}" for i in range(n, L) for a, b in tails]
 
     out = replace(
         hi, ops=ops, phase_peaks=phase_peaks, peak_phase=peak_phase,
@@ -163,20 +172,124 @@ def stitch(lo: Trace, hi: Trace) -> Trace | None:
         recompute_flops=line(lo.recompute_flops, hi.recompute_flops),
         modules=_modules(lo, hi, pattern, L, line),
         checkpointed_blocks=names(hi.checkpointed_blocks), lora_modules=names(hi.lora_modules),
-        alloc_events=[], memory_log=[], trace_seconds=lo.trace_seconds + hi.trace_seconds,
-        notes=list(hi.notes) + [f"traced with {LOW} and with {HIGH} of its {L} alike blocks "
-                                f"({path}); the step adds the other {L - HIGH} as copies"])
+        alloc_events=[], memory_log=[], event_blocks=tagged.event_blocks, stack=tagged.stack,
+        flash_eligible=tagged.flash_eligible, last_block=None,
+        trace_seconds=lo.trace_seconds + (0.0 if hi.derived.get("extended") else
+                                          hi.trace_seconds),
+        notes=list(hi.notes) + [
+            f"traced with {HIGH} of its {L} alike blocks ({path}); the step adds the other "
+            f"{L - HIGH} as copies of the last" if hi.derived.get("extended") else
+            f"traced with {LOW} and with {HIGH} of its {L} alike blocks ({path}); the step adds "
+            f"the other {L - HIGH} as copies"])
     # the whole stack's replay is made when a fit is asked of this trace (memory.fragmentation:
     # the anchors', not every micro-batch a search reads off their line)
-    out.derived["whole_replay"] = repeats(hi, L)
-    out.derived["fragmentation_from"] = functools.partial(_fragmentation, hi)
+    out.derived["whole_replay"] = repeats(tagged, L)
+    out.derived["fragmentation_from"] = functools.partial(_fragmentation, tagged)
+    return out
+
+
+def extend(hi: Trace) -> Trace | None:
+    """The trace of the model cut to HIGH + 1 blocks, read off the HIGH-block trace alone: with
+    it, `stitch` needs no trace cut to LOW (one trace where there were two; 0.8 of the HIGH
+    one's time). The tracer tags what the last block does (trace/blocks.py, counters.py): every
+    event, the share of every op's work (`OpRecord.last_block`: 1 for an op the block runs, its
+    tensors' share of a multi-tensor optimizer op's bytes) and what it adds to the totals
+    (tracer.py `_last_block`). One more block then adds:
+
+    * ops: a copy of each op the block runs; a multi-tensor op grows by the block's share;
+    * memory: the events and memory log repeated over one more block (`whole_log`, the same
+      repetition as the allocator's replay of the whole stack), replayed for each phase's peak;
+    * totals, and the module table: the last block's, its rows copied as block HIGH.
+
+    tests/test_depth.py checks it against a real trace cut to HIGH + 1 blocks, field by field.
+    None where the events do not repeat block by block, the model has mixture-of-experts
+    layers (whose routing totals are not split by block), or the trace is not tagged."""
+    if hi.stack is None or hi.stack.traced != HIGH or hi.last_block is None or \
+            hi.expert_param_bytes or hi.moe_dispatch_elements:
+        return None
+    log = whole_log(hi, HIGH + 1)
+    if log is None:
+        return None
+    phase_peaks = replay_log(log)[0]
+    if phase_peaks.keys() != hi.phase_peaks.keys():
+        return None
+    peak_phase = max(phase_peaks, key=lambda ph: phase_peaks[ph][0])
+    ops, more = [], []
+    flops = {ph: dict(v) for ph, v in hi.flops.items()}
+    moved = {ph: dict(v) for ph, v in hi.bytes_moved.items()}
+    recompute = hi.recompute_flops
+    for r in hi.ops:
+        share = r.last_block
+        if share and r.phase in flops:
+            flops[r.phase][r.family] += share * r.flops
+            moved[r.phase][r.family] += share * r.bytes
+            if r.recompute:
+                recompute += share * r.flops
+        if share >= 1.0:
+            more.append(r)
+        elif share > 0.0:
+            r = copy.copy(r)
+            r.flops, r.bytes, r.last_block = (r.flops * (1 + share), r.bytes * (1 + share),
+                                              share / (1 + share))
+        ops.append(r)
+    pattern = _index_pattern(hi.stack.path)
+    add = hi.last_block
+    work = {ph: sum(r.last_block * r.flops for r in hi.ops if r.phase == ph and r.module)
+            for ph in ("forward", "backward")}
+    out = replace(
+        hi, stack=replace(hi.stack, traced=HIGH + 1), ops=ops + more, phase_peaks=phase_peaks,
+        peak_phase=peak_phase, peak_allocated_bytes=phase_peaks[peak_phase][0],
+        peak_breakdown_bytes=dict(phase_peaks[peak_phase][1]), flops=flops, bytes_moved=moved,
+        recompute_flops=recompute,
+        modules=_one_more_block(hi.modules, pattern, hi.stack.path, work),
+        checkpointed_blocks=_one_more_name(hi.checkpointed_blocks, pattern),
+        lora_modules=_one_more_name(hi.lora_modules, pattern),
+        alloc_events=[], memory_log=log, event_blocks=None, marks=[], gradients_made=[],
+        timeline=[], **{k: type(getattr(hi, k))(getattr(hi, k) + v) for k, v in add.items()})
+    out.derived["extended"] = True
+    return out
+
+
+def _one_more_name(items: list[str], pattern) -> list[str]:
+    """`items` and block HIGH-1's names as block HIGH's."""
+    tails = [_split(pattern, n) for n in items if _block_of(pattern, n) == HIGH - 1]
+    return list(items) + [f"{a}{HIGH}{b}" for a, b in tails]
+
+
+def _one_more_block(rows: list[ModuleRow], pattern, path: str, work: dict[str, float]
+                    ) -> list[ModuleRow]:
+    """The module table with one more block: block HIGH-1's rows copied as block HIGH's after
+    them, and what the block holds added to each row holding it (the stack, the model): its
+    parameters and activations, and the FLOPs of the ops it runs (`work`: forward, backward;
+    not its row's, which the module tracker's backward attribution moves between neighbouring
+    blocks)."""
+    block = f"{path}.{HIGH - 1}"
+    mine = next((m for m in rows if m.name == block), None)
+    if mine is None:
+        return list(rows)
+    holders = {"(total)"} | {".".join(path.split(".")[:i]) for i in range(1, path.count(".") + 2)}
+    out, tail = [], [m for m in rows if _block_of(pattern, m.name) == HIGH - 1][-1]
+    for m in rows:
+        if m.name in holders:
+            m = ModuleRow(m.name, m.depth, m.params + mine.params,
+                          m.trainable_params + mine.trainable_params,
+                          m.activation_bytes + mine.activation_bytes,
+                          m.flops_forward + work["forward"], m.flops_backward + work["backward"])
+        out.append(m)
+        if m is tail:
+            out.extend(ModuleRow(f"{a}{HIGH}{b}", r.depth, r.params, r.trainable_params,
+                                 r.activation_bytes, r.flops_forward, r.flops_backward)
+                       for r in rows if _block_of(pattern, r.name) == HIGH - 1
+                       for a, b in [_split(pattern, r.name)])
     return out
 
 
 def _modules(lo: Trace, hi: Trace, pattern, L: int, line) -> list[ModuleRow]:
-    """hi's rows; rows outside the stack on the line through lo's, block HIGH-1's rows copied."""
+    """hi's rows; rows outside the stack on the line through lo's, hi's last block's rows
+    copied."""
     by_name = {m.name: m for m in lo.modules}
-    rows, last = [], HIGH - 1
+    rows, n = [], hi.stack.traced
+    last = n - 1
     block_rows = [m for m in hi.modules if _block_of(pattern, m.name) == last]
     tail = block_rows[-1] if block_rows else None
     for m in hi.modules:
@@ -193,7 +306,7 @@ def _modules(lo: Trace, hi: Trace, pattern, L: int, line) -> list[ModuleRow]:
             tails = [(_split(pattern, r.name), r) for r in block_rows]
             rows.extend(ModuleRow(f"{a}{i}{b}", r.depth, r.params, r.trainable_params,
                                   r.activation_bytes, r.flops_forward, r.flops_backward)
-                        for i in range(HIGH, L) for (a, b), r in tails)
+                        for i in range(n, L) for (a, b), r in tails)
     return rows
 
 
@@ -329,10 +442,11 @@ def _repeat_plan(hi: Trace):
     return runs, template, relation, pos, every
 
 
-def _emit(events, plan, blocks: int) -> list[tuple[int, int]]:
+def _emit(events, plan, blocks: int, src: list | None = None) -> list[tuple[int, int]]:
     """The whole stack's events (`whole_events`). Block k >= HIGH's copy of the template's
     allocation at (run, position) gets serial base + (k - HIGH) x A + its slot, A the template's
-    allocations."""
+    allocations. `src`, if given, receives for each event emitted (the index in `events` it
+    copies, the block k >= HIGH whose copy it is or -1)."""
     runs, template, relation, pos, every = plan
     T, last = HIGH - 1, blocks - 1
     slot: dict[tuple[int, int], int] = {}
@@ -369,6 +483,8 @@ def _emit(events, plan, blocks: int) -> list[tuple[int, int]]:
                 list(range(last, T, -1)) + [T]
             for k in order:
                 off = base + (k - HIGH) * A
+                if src is not None:
+                    src.extend((start + m, -1 if k == T else k) for m in range(n))
                 for kind, sl, nbytes, serial, other in recipes[i]:
                     if k == T:      # the traced block: its own serials; its next is copy HIGH
                         append((base + sl if kind == 3 else serial, nbytes))
@@ -385,14 +501,25 @@ def _emit(events, plan, blocks: int) -> list[tuple[int, int]]:
             where = pos.get(serial)
             if nbytes >= 0 or tag != -1 or where is None or where[0] != T:
                 append((serial, nbytes))
+                if src is not None:
+                    src.append((e, -1))
                 continue
             sl = slot[where[1:]]
             if where[1:] in all_blocks:   # every block's, freed here: the copies' too
                 mine = [(base + (k - HIGH) * A + sl, nbytes) for k in range(HIGH, blocks)]
-                out += [(serial, nbytes)] + mine if all_blocks[where[1:]] else \
-                    mine[::-1] + [(serial, nbytes)]
+                ks = list(range(HIGH, blocks))
+                if all_blocks[where[1:]]:
+                    out += [(serial, nbytes)] + mine
+                    ks = [-1] + ks
+                else:
+                    out += mine[::-1] + [(serial, nbytes)]
+                    ks = ks[::-1] + [-1]
+                if src is not None:
+                    src.extend((e, k) for k in ks)
             else:                         # the last block's (the head reads it): the last copy's
                 append((base + (last - HIGH) * A + sl, nbytes))
+                if src is not None:
+                    src.append((e, last))
     return out
 
 
@@ -438,4 +565,85 @@ def _split_turns(runs, events, T: int, P: int):
             out += [(T, start, a), (T, start + a, n - a)]
         else:
             out.append((tag, start, n))
+    return out
+
+
+def whole_log(hi: Trace, blocks: int) -> list[tuple] | None:
+    """The memory log (trace/counters.py) of the step with `blocks` blocks in its stack, from
+    the HIGH-block trace's: its events repeated as `whole_events` repeats them, each with its
+    log entry (category and phase as the template's), and the entries between events (a
+    tensor's category changed, the peaks reset) kept where they were. A category change right
+    after an event of the template's (a gradient made, a weight cast) follows each copy of it,
+    on the copy's tensor; one elsewhere of a template's tensor (the optimizer states tagged
+    after the first step) changes the copies' too; the peaks' reset after a template event
+    (the warm-up's last gradient freed) comes after its last copy. None where the events do
+    not repeat, or a change inside the template names a tensor the copies have no counterpart
+    of."""
+    plan = _plan_of(hi)
+    if plan is None or blocks <= HIGH:
+        return None
+    _runs_, template, _relation, pos, _every = plan
+    src: list[tuple[int, int]] = []
+    events = _emit(hi.alloc_events, plan, blocks, src)
+    entry: list[tuple] = []
+    after: dict[int, list[tuple]] = {}
+    for ent in hi.memory_log:
+        if ent[0] == ALLOC or ent[0] == FREE:
+            entry.append(ent)
+        else:
+            after.setdefault(len(entry) - 1, []).append(ent)
+    if len(entry) != len(hi.alloc_events):
+        return None
+    T = HIGH - 1
+    slot: dict[tuple[int, int], int] = {}
+    in_template: set[int] = set()
+    for i, (start, n, _a) in template.items():
+        for m in range(n):
+            in_template.add(start + m)
+            if hi.alloc_events[start + m][1] >= 0:
+                slot[(i, m)] = len(slot)
+    A = len(slot)
+    base = max((s for s, _n in hi.alloc_events), default=0) + 1
+
+    def copy_of(serial: int, k: int) -> int | None:
+        where = pos.get(serial)
+        if where is None or where[0] != T:
+            return None
+        return base + (k - HIGH) * A + slot[where[1:]]
+
+    last_at = {e: j for j, (e, _k) in enumerate(src)}
+    out: list[tuple] = list(after.get(-1, ()))
+    alive: set[int] = set()
+    for j, ((serial, nbytes), (e, k)) in enumerate(zip(events, src)):
+        ent = entry[e]
+        if ent[0] == ALLOC:
+            out.append((ALLOC, serial, ent[2], ent[3], ent[4]))
+            alive.add(serial)
+        elif serial in alive:
+            out.append((FREE, serial))
+            alive.discard(serial)
+        elif nbytes:
+            return None
+        # else: a free of nothing (`_emit` cannot tell an empty free from an empty allocation)
+        extra = after.get(e)
+        if not extra:
+            continue
+        if e in in_template:                 # follows each copy, on the copy's tensor
+            for x in extra:
+                if x[0] != RETAG:            # the peaks reset: once, after the last copy
+                    if last_at[e] == j:
+                        out.append(x)
+                    continue
+                if k == -1:
+                    out.append(x)
+                    continue
+                c = copy_of(x[1], k)
+                if c is None:
+                    return None
+                out.append((RETAG, c, x[2]))
+        elif last_at[e] == j:                # once, where it was; the copies' tensors too
+            for x in extra:
+                out.append(x)
+                if x[0] == RETAG and copy_of(x[1], HIGH) is not None:
+                    out.extend((RETAG, copy_of(x[1], k), x[2]) for k in range(HIGH, blocks))
     return out

@@ -101,4 +101,6 @@ def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False) -
         weight_cast_bytes=whole(lo.weight_cast_bytes, hi.weight_cast_bytes),
         moe_dispatch_elements=whole(lo.moe_dispatch_elements, hi.moe_dispatch_elements),
         modules=modules, timeline=timeline, memory_log=log, trace_seconds=0.0,
-        notes=list(hi.notes))
+        notes=list(hi.notes),
+        last_block=None if lo.last_block is None or hi.last_block is None else
+        {k: whole(lo.last_block[k], v) for k, v in hi.last_block.items()})

@@ -40,7 +40,7 @@ from ..trace.semantics import KernelSemantics
 from ..models import stack_hint
 from ..trace.depth import EXACT_BLOCKS, MIN_BLOCKS
 from ..trace.tracer import Trace, trace_step
-from .depth import HIGH, LOW, keep_replays, prepare, stitch
+from .depth import HIGH, LOW, extend, keep_replays, prepare, repeats, stitch
 from .accumulate import accumulated, derivable
 from .interpolate import same_shape_family, trace_between
 
@@ -108,8 +108,8 @@ class Deferred(Exception):
 def every(asks: list[Callable]) -> list:
     """Each call's answer; where some ask for traces not made yet (`Deferred`), all are still
     asked, so that a round (`Traces.in_rounds`) makes their traces together, and then Deferred
-    is raised. Asked one by one, the second of two traces a step reads (a cut model's 3 and 4
-    blocks, a line's two anchors) waited a whole round for the first."""
+    is raised. Asked one by one, the second of two traces a step reads (a line's two anchors, a
+    cut model's 3 and 4 blocks where both are read) waited a whole round for the first."""
     out, deferred = [], False
     for ask in asks:
         try:
@@ -147,8 +147,9 @@ def defer_forward(key, request: Forward, keep: Callable) -> None:
 class Traces:
     """Trace cache for one job and its variants; `progress(msg)` is told about every real trace.
 
-    `cut` (default True): a model with a deep stack of alike blocks is traced cut to 2 and 3
-    blocks and the whole step is stitched from them (depth.py); False traces every block."""
+    `cut` (default True): a model with a deep stack of alike blocks is traced cut to HIGH
+    blocks (and LOW, where one block more cannot be read off its last: depth.extend) and the
+    whole step is stitched from them (depth.py); False traces every block."""
 
     def __init__(self, progress: Callable[[str], None] | None = None, cut: bool = True):
         self._exact: dict[tuple, Trace] = {}       # (variant, semantics, depth, batch) -> trace
@@ -158,6 +159,7 @@ class Traces:
         self._keys: dict[int, tuple] = {}           # id(job) -> (job, its variant key)
         self._depths: dict[tuple, int | None] = {}  # (model, dims) -> blocks its config names
         self._whole: dict[tuple, tuple[Trace, bool]] = {}   # stitched traces (depth.py)
+        self._extended: dict[int, tuple] = {}       # id(trace) -> (trace, one block more)
         self._uncut: set[tuple] = set()             # variants traced whole (no stack to cut)
         self._progress = progress
         self._cut = cut
@@ -177,14 +179,12 @@ class Traces:
         return (hit[1], sem.key(), depth)
 
     def _cuts(self, job, sem: KernelSemantics) -> bool:
-        """Whether `job` is traced cut (depth.py): its model names a stack deep enough to cut,
-        and that stack is most of what a trace runs. A model that loops over each sample's
-        images (`anchors`: Qwen-VL's vision tower, window by window) is not cut: both cut traces
-        would run the whole tower, most of a trace (Qwen2.5-VL-3B with one 560 px image: 33-50 s
-        a step, 14 s of it the text model, on this 2-core machine)."""
+        """Whether `job` is traced cut (depth.py): its model names a stack deep enough to cut.
+        A vision-language model's text stack is cut too, its vision tower traced whole in the
+        cut trace: one cut trace costs the tower and 4 text blocks (when both a 3- and a 4-block
+        trace were made, each ran the whole tower, and cutting cost more than it saved:
+        Qwen2.5-VL-3B with one 560 px image, 33-50 s a step, 14 s of it the text model)."""
         if not self._cut or self._key(job, sem) in self._uncut:
-            return False
-        if loops_over_images(job):
             return False
         model = (job.model, job.transformer)     # what stack_hint reads
         if model not in self._depths:
@@ -280,24 +280,42 @@ class Traces:
         None where the model is not cut (then it is marked to be traced whole)."""
         memo = self._key(job, sem) + (how, batch)
         if memo not in self._whole:
-            if how == "exact":
-                parts = every([lambda d=d: (self._real(job, sem, batch, d), False)
-                               for d in (LOW, HIGH)])
-            else:
-                parts = every([lambda d=d: self._at(job, sem, batch, d) for d in (LOW, HIGH)])
-            whole = stitch(parts[0][0], parts[1][0])
+            def part(d):
+                return (self._real(job, sem, batch, d), False) if how == "exact" else \
+                    self._at(job, sem, batch, d)
+            hi, between = part(HIGH)
+            more = self._more(hi)
+            whole = stitch(hi, more, tagged=hi) if more is not None else None
+            if whole is None and self._reads_low(hi):
+                lo, lo_between = part(LOW)
+                whole, between = stitch(lo, hi), between or lo_between
             if whole is not None and not whole.derived["whole_replay"] and \
                     whole.stack.blocks < EXACT_BLOCKS:
                 whole = None      # the allocator's waste only within a band: traced whole
             if whole is None:
                 self._uncut.add(self._key(job, sem))
                 whole_key = self._key(job, sem)
-                if parts[1][0].stack is None and how == "exact" and \
+                if hi.stack is None and how == "exact" and \
                         whole_key + (batch,) not in self._exact:    # the "cut" trace is whole
-                    self._store(whole_key, batch, parts[1][0])
+                    self._store(whole_key, batch, hi)
                 return None
-            self._whole[memo] = (whole, parts[0][1] or parts[1][1])
+            self._whole[memo] = (whole, between)
         return self._whole[memo]
+
+    def _reads_low(self, hi: Trace) -> bool:
+        """Whether the whole step is read off the trace cut to LOW blocks as well as `hi`, the
+        HIGH-block one: where one block more cannot be read off its last (`_more`), unless the
+        model is traced whole anyway (a stack shallower than EXACT_BLOCKS whose events do not
+        repeat block by block: `_stitched`)."""
+        return hi.stack is not None and self._more(hi) is None and \
+            (repeats(hi, hi.stack.blocks) or hi.stack.blocks >= EXACT_BLOCKS)
+
+    def _more(self, tr: Trace) -> Trace | None:
+        """`tr` with one block more (depth.py `extend`), made once per trace."""
+        hit = self._extended.get(id(tr))
+        if hit is None or hit[0] is not tr:
+            hit = self._extended[id(tr)] = (tr, extend(tr))
+        return hit[1]
 
     def exact(self, job, sem: KernelSemantics, batch: int) -> Trace:
         """The trace of `job` at micro-batch `batch`: real (traced now if it was not), or
@@ -318,7 +336,7 @@ class Traces:
             job, sem = same_step(*(half_twin(job, sem) or (job, sem)))
             if job.grad_accum > 1 and derivable(sem):    # accumulate.py: read off this one
                 job = job.with_(grad_accum=1)
-            todo += [(job, sem, batch, d) for d in ((LOW, HIGH) if self._cuts(job, sem) else (None,))]
+            todo.append((job, sem, batch, HIGH if self._cuts(job, sem) else None))
         if self.deferring is not None:
             missing = [r for r in todo if self._key(*r[:2], r[3]) + (r[2],) not in self._exact]
             if missing:
@@ -502,9 +520,11 @@ class Traces:
         model, whether both cut models' do. Default: the job's anchors."""
         if lo is None or hi is None:
             lo, hi = anchors(job)
-        if depth is None and self._cuts(job, sem):
-            return all(every([lambda d=d: self.on_line(job, sem, lo, hi, d)
-                              for d in (LOW, HIGH)]))
+        if depth is None and self._cuts(job, sem):   # the HIGH-block traces' (and the LOW-
+            if not self.on_line(job, sem, lo, hi, HIGH):   # block ones' where those are read)
+                return False
+            return not self._reads_low(self._real(job, sem, lo, HIGH)) or \
+                self.on_line(job, sem, lo, hi, LOW)
         family = self._key(job, sem, depth) + (lo, hi)
         if family not in self._family:
             self._family[family] = same_shape_family(

@@ -39,6 +39,7 @@ def tag(counter, blocks: nn.ModuleList) -> None:
     """Install the hooks (module docstring) on the cut stack's `blocks`, for the one step traced
     with them (the model is dropped after it, hooks and all)."""
     counter.tag_blocks = True
+    counter.last_block = len(blocks) - 1
     before: list[int] = []
 
     def set_to(i):

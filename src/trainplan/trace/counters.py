@@ -139,6 +139,10 @@ class OpRecord:
     module: str
     recompute: bool = False
     group_channels: int = 0   # convolutions: input channels per group (1 = depthwise)
+    # a cut trace's (trace/blocks.py): the share of the op's work that is the last block's, what
+    # one more block adds to it (predict/depth.py `extend`): 1 for an op the block runs, for a
+    # multi-tensor optimizer op the block's tensors' share of its bytes, else 0
+    last_block: float = 0.0
 
 
 @dataclass
@@ -241,6 +245,9 @@ class StepCounter(TorchDispatchMode):
         # each event's block of the cut stack (trace/blocks.py sets `block`; -1: none): what
         # predict/depth.py repeats to replay the allocator over the whole stack
         self.tag_blocks = False
+        self.last_block = -1        # the cut stack's last block (trace/blocks.py sets it)
+        self.last_block_live: dict[str, int] = {}   # tracer.py `_last_block`
+        self._unknown: list[_Storage] = []          # `_tagged`
         self.event_blocks: list[int] = []
         self.marks: list[tuple[int, int]] = []    # tracer.py `_mark`, `_gradient_made`
         self.gradients_made: list[tuple] = []
@@ -279,7 +286,7 @@ class StepCounter(TorchDispatchMode):
         self.live += nbytes
         self.by_cat[rec.category] += nbytes
         self.events.append((rec.serial, nbytes))
-        self.event_blocks.append(rec.block)
+        self._tagged(rec.block, rec)
         self.memory_log.append((ALLOC, rec.serial, nbytes, rec.category, self.phase))
         weakref.finalize(st, self._free, key)
         if self.live > self.peak:
@@ -288,6 +295,19 @@ class StepCounter(TorchDispatchMode):
             self.peak_by_cat = dict(self.by_cat)
         if self.live > self.phase_peaks.get(self.phase, (-1,))[0]:
             self.phase_peaks[self.phase] = (self.live, dict(self.by_cat))
+
+    def _tagged(self, block: int, rec: _Storage | None = None) -> None:
+        """Record an event's block. A tensor made from nothing in the optimizer (UNKNOWN) takes
+        the block of the next event that has one, as `event_blocks` reads it back, so that the
+        ops over it (AdamW's `step += 1`) are its block's share (`_last_share`)."""
+        self.event_blocks.append(block)
+        if block == UNKNOWN:
+            if rec is not None:
+                self._unknown.append(rec)
+        elif self._unknown:
+            for r in self._unknown:
+                r.block = block
+            self._unknown.clear()
 
     def reset_peak(self) -> None:
         self.peak, self.peak_phase, self.peak_by_cat = self.live, self.phase, dict(self.by_cat)
@@ -301,7 +321,7 @@ class StepCounter(TorchDispatchMode):
         self.live -= rec.nbytes
         self.by_cat[rec.category] -= rec.nbytes
         self.events.append((rec.serial, -rec.nbytes))
-        self.event_blocks.append(rec.block if self.phase in _BY_OWNER else self.block)
+        self._tagged(rec.block if self.phase in _BY_OWNER else self.block)
         self.memory_log.append((FREE, rec.serial))
 
     def retag(self, t: torch.Tensor, category: str) -> None:
@@ -312,6 +332,22 @@ class StepCounter(TorchDispatchMode):
         self.by_cat[category] += rec.nbytes
         rec.category = category
         self.memory_log.append((RETAG, rec.serial, category))
+
+    def _last_share(self, *groups) -> float:
+        """The last block's tensors' share of the bytes an op reads and writes (`OpRecord`)."""
+        total = mine = 0
+        for tensors in groups:
+            for t in tensors:
+                n = t.numel() * t.element_size()
+                total += n
+                if self.owner(t) == self.last_block:
+                    mine += n
+        return mine / total if total else 0.0
+
+    def live_by_block(self, category: str, block: int) -> int:
+        """Bytes of `category` live now that were made in (or belong to) `block`."""
+        return sum(r.nbytes for r in self.storages.values()
+                   if r.category == category and r.block == block)
 
     def live_by_module(self, category: str) -> dict[str, int]:
         out: dict[str, int] = defaultdict(int)
@@ -385,9 +421,13 @@ class StepCounter(TorchDispatchMode):
         dtype = next((str(t.dtype) for t in ins if t.is_floating_point()), "")
         mod = self._module()
         phase = self.phase
+        last = 0.0
+        if self.tag_blocks:
+            last = self._last_share(ins, written) if phase in _BY_OWNER else \
+                float(self.block == self.last_block)
         self.records.append(OpRecord(str(packet).split(".")[-1], op_family(packet), phase, flops,
                                      float(nbytes), dtype.replace("torch.", ""), mod,
-                                     self.recompute, _group_channels(packet, args)))
+                                     self.recompute, _group_channels(packet, args), last))
         if flops and mod:
             st = self.modules[mod]
             if phase == "forward":

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch.nn as nn
 
 # Cut only stacks this deep: two cut traces (3 and 4 blocks) cost about what 10-12 whole blocks
-# do (Llama-3.2-1B, 16 blocks: 0.6 + 0.8 s against 2.1 s whole, 2026-11-26, this 2-core machine).
+# do (Llama-3.2-1B, 16 blocks: 0.6 + 0.8 s against 2.1 s whole, 2026-11-26, this 2-core machine);
+# where one block more is read off the 4-block trace's last (predict/depth.py `extend`), one.
 # The cut traces give every op and byte count of the full step, and the caching allocator's replay
 # over the whole stack where the cut trace's allocations repeat block by block
 # (predict/depth.py `whole_events`: the same replay as the full trace's). Where they do not (BERT:

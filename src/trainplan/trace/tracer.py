@@ -141,6 +141,8 @@ class Trace:
     # predict/accumulate.py derives the step with gradient accumulation from
     marks: list[tuple[int, int]] = field(default_factory=list)
     gradients_made: list[tuple] = field(default_factory=list)
+    # a cut trace's last block: what it adds to the totals above (tracer.py `_last_block`)
+    last_block: dict[str, float] | None = None
     # values the prediction layer derives from this trace alone (its op table, the allocator
     # replay), memoised so that every accelerator and strategy reuses them; never compared
     derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -320,6 +322,7 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
             opt.zero_grad(set_to_none=True)
             grad_bytes = sum(p.numel() * p.element_size() for p in params)
             state_bytes = counter.by_cat["optimizer_states"]
+            last_block = _last_block(cut_blocks[-1], counter) if stack is not None else None
             counter.closed = True   # the step's events end here, not when GC frees the model
     except TrainplanError:
         raise
@@ -330,7 +333,25 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
 
     return _summarise(job, bundle, semantics, batch, counter, model, grad_bytes, state_bytes,
                       activation_bytes, weight_cast_bytes, act_by_module, blocks, lora_names,
-                      time.perf_counter() - t0, stack, sem.flash_eligible)
+                      time.perf_counter() - t0, stack, sem.flash_eligible, last_block)
+
+
+def _last_block(block: torch.nn.Module, counter: StepCounter) -> dict[str, float]:
+    """What the last block of a cut stack adds to the trace's totals (what one more alike block
+    adds: predict/depth.py `extend`): its parameters, their bytes as stored, trainable, as
+    gradients and as optimizer state, and the activations and autocast casts it left live at the
+    end of the forward."""
+    total, trainable = count_parameters(block)
+    uniq = {id(p): p for p in block.parameters()}.values()
+    live = counter.last_block_live
+    trainable_bytes = sum(p.numel() * p.element_size() for p in uniq if p.requires_grad)
+    return {"params_total": total, "params_trainable": trainable,
+            "weight_bytes": sum(p.numel() * p.element_size() for p in uniq) +
+            sum(b.numel() * b.element_size() for b in block.buffers()),
+            "trainable_param_bytes": trainable_bytes, "gradient_bytes": trainable_bytes,
+            "optimizer_state_bytes": counter.live_by_block("optimizer_states", counter.last_block),
+            "activation_bytes": live.get("activations", 0),
+            "weight_cast_bytes": live.get("weight_casts", 0)}
 
 
 def _warm_optimizer(job, params, counter: StepCounter):
@@ -380,6 +401,10 @@ def _forward_backward(job, bundle, batch: int, semantics, model, counter: StepCo
                 activation_bytes = counter.by_cat["activations"]
                 weight_cast_bytes = counter.by_cat["weight_casts"]
                 act_by_module = counter.live_by_module("activations")
+                if counter.tag_blocks:   # the last block's share (`_last_block`)
+                    counter.last_block_live = {
+                        k: counter.live_by_block(k, counter.last_block)
+                        for k in ("activations", "weight_casts")}
             gc.collect()
             counter.phase, counter.default_category = "backward", "temporaries"
             loss.backward()
@@ -405,7 +430,8 @@ def _gradient_made(counter: StepCounter, p) -> None:
         return
     g = p.grad
     add = OpRecord("add_", "other", "backward", 0.0, float(3 * g.numel() * g.element_size()),
-                   str(g.dtype).replace("torch.", ""), counter._module(), counter.recompute, 0)
+                   str(g.dtype).replace("torch.", ""), counter._module(), counter.recompute, 0,
+                   float(counter.tag_blocks and counter.block == counter.last_block))
     counter.gradients_made.append((len(counter.records), n if len(counter.memory_log) > n
                                    else None, counter.block, add))
 
@@ -436,7 +462,8 @@ def _untraceable(name: str, e: Exception) -> TrainplanError:
 
 def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_bytes,
                state_bytes, activation_bytes, weight_cast_bytes, act_by_module, blocks,
-               lora_names, seconds, stack=None, flash_eligible: int = 0) -> Trace:
+               lora_names, seconds, stack=None, flash_eligible: int = 0,
+               last_block: dict | None = None) -> Trace:
     total, trainable = count_parameters(model)
     uniq = {id(p): p for p in model.parameters()}.values()
     weight_bytes = sum(p.numel() * p.element_size() for p in uniq) + \
@@ -487,7 +514,8 @@ def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_
         stack=stack, flash_eligible=flash_eligible,
         event_blocks=event_blocks(counter) if counter.tag_blocks else None,
         sources=store.digests(user_files()) if job.model.startswith("py:") else {},
-        marks=list(counter.marks), gradients_made=list(counter.gradients_made))
+        marks=list(counter.marks), gradients_made=list(counter.gradients_made),
+        last_block=last_block)
 
 
 def _unit_bytes(model) -> tuple[int, int]:
