@@ -113,3 +113,33 @@ def test_summed_decode_equals_affine_closed_form():
     mid = steps[len(steps) // 2]
     assert mid == pytest.approx((steps[0] + steps[-1]) / 2, rel=0.01)
     assert e.per_token_s_last >= e.per_token_s_first
+
+
+@pytest.mark.parametrize("model,precision,lora", [
+    ("hf:Qwen/Qwen2.5-0.5B", "fp16", False),
+    ("hf:meta-llama/Llama-3.2-1B", "bf16-amp", True),
+    ("hf:openai-community/gpt2-medium", "fp16-amp", False),
+])
+def test_a_forward_traced_with_4_layers_reads_as_the_whole_stack(model, precision, lora):
+    """predict/depth.py `whole_forward`: a prefill and a decode step traced with 4 of the
+    model's 16-24 layers, the others read off the last (its ops, parameters, weights and cache,
+    and the memory log repeated over every layer for the peak), equal the forward traced with
+    all of them: the same ops, parameters, weight, KV cache and peak bytes."""
+    from collections import Counter
+    from trainplan.predict.depth import HIGH, whole_forward
+    from trainplan.spec import Lora
+    job = validate(Job(model=model, batch_size=B, seq_len=P, precision=precision,
+                       lora=Lora() if lora else None))
+    sem = semantics_for(job, get_accelerator("a100-80gb"))
+
+    def work(tr):
+        return Counter((r.name, r.phase, r.dtype, r.family, round(r.flops), round(r.bytes))
+                       for r in tr.ops)
+    for new, context in ((P, 0), (1, P)):
+        cut = trace_forward(job, sem, B, new, context, depth=HIGH)
+        assert cut.stack is not None and cut.stack.traced == HIGH
+        read, real = whole_forward(cut), trace_forward(job, sem, B, new, context)
+        assert read is not None and work(read) == work(real)
+        for field in ("params_total", "weight_bytes", "kv_cache_bytes", "peak_bytes", "layers"):
+            assert getattr(read, field) == getattr(real, field), field
+        assert "alike layers" in read.notes[-1]

@@ -647,3 +647,27 @@ def whole_log(hi: Trace, blocks: int) -> list[tuple] | None:
                 if x[0] == RETAG and copy_of(x[1], HIGH) is not None:
                     out.extend((RETAG, copy_of(x[1], k), x[2]) for k in range(HIGH, blocks))
     return out
+
+
+def whole_forward(tr):
+    """An inference forward (trace/generate.py `InferenceTrace`) traced with HIGH of its stack's
+    layers, as the whole stack's: each op a layer runs repeated for the layers left out, the
+    parameters, weights and KV cache of the last layer added for each, and the live-memory peak
+    replayed over the whole stack's memory log (`whole_log`: the weights, the cache each layer
+    holds and each layer's working memory, in order). `tr` itself where it was traced whole;
+    None where its events do not repeat layer by layer (then it is traced whole)."""
+    if tr.stack is None:
+        return tr
+    log = whole_log(tr, tr.stack.blocks)
+    if log is None:
+        return None
+    n, L = tr.stack.traced, tr.stack.blocks
+    extra = L - n
+    ops = list(tr.ops) + [r for _ in range(extra) for r in tr.ops if r.last_block >= 1.0]
+    return replace(
+        tr, ops=ops, params_total=tr.params_total + extra * tr.last_block["params_total"],
+        weight_bytes=tr.weight_bytes + extra * tr.last_block["weight_bytes"],
+        kv_cache_bytes=tr.kv_cache_bytes + extra * (tr.kv_cache_bytes // n),
+        peak_bytes=replay_log(log)[1][0], alloc_events=[], memory_log=[], event_blocks=None,
+        notes=list(tr.notes) + [f"traced with {n} of its {L} alike layers ({tr.stack.path}); "
+                                f"the forward adds the other {extra} as copies of the last"])

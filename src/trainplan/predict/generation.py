@@ -54,7 +54,10 @@ from ..trace.generate import InferenceTrace, kv_cache_bytes, trace_forward
 from .comm import collective_s
 from .target import semantics_for
 from .timing import load_efficiency, op_times, summarize
+from ..models import stack_hint
+from ..trace.depth import MIN_BLOCKS
 from ..trace.parallel import Forward
+from .depth import HIGH, whole_forward
 from .traces import Deferred, defer_forward, may_trace
 
 ENGINES = ("hf", "vllm")
@@ -139,15 +142,20 @@ def _traced(job, sem, batch: int, new_tokens: int, context: int) -> InferenceTra
         name = store.key(tj, sem, batch, f"forward {new_tokens} at {context}")
         tr = store.load(name)
         if tr is None:
+            depth = HIGH if (stack_hint(tj) or 0) >= MIN_BLOCKS else None
+
             def keep(made):
-                if isinstance(made, InferenceTrace):
+                if isinstance(made, InferenceTrace):     # a deep stack traced cut: read the
+                    made = whole_forward(made)           # whole one off it (depth.py), or
+                    if made is None:                     # trace it whole
+                        made = trace_forward(tj, sem, batch, new_tokens, context)
                     store.save(name, made)
                 _MEMO[memo] = made
 
-            defer_forward(memo, Forward(tj, sem, batch, new_tokens, context), keep)
+            defer_forward(memo, Forward(tj, sem, batch, new_tokens, context, depth), keep)
             if not may_trace():       # within Traces.made_only(): not traced now
                 raise Deferred
-            keep(trace_forward(tj, sem, batch, new_tokens, context))
+            keep(trace_forward(tj, sem, batch, new_tokens, context, depth))
         else:
             _MEMO[memo] = tr
     if isinstance(_MEMO[memo], BaseException):    # a forward that could not be traced

@@ -248,6 +248,9 @@ class StepCounter(TorchDispatchMode):
         self.last_block = -1        # the cut stack's last block (trace/blocks.py sets it)
         self.last_block_live: dict[str, int] = {}   # tracer.py `_last_block`
         self._unknown: list[_Storage] = []          # `_tagged`
+        # a no-grad forward through a cut stack (trace/generate.py): a block's output is freed
+        # between blocks, when the next block's output replaces it, so that free is the next's
+        self.no_grad_stack = False
         self.event_blocks: list[int] = []
         self.marks: list[tuple[int, int]] = []    # tracer.py `_mark`, `_gradient_made`
         self.gradients_made: list[tuple] = []
@@ -321,7 +324,10 @@ class StepCounter(TorchDispatchMode):
         self.live -= rec.nbytes
         self.by_cat[rec.category] -= rec.nbytes
         self.events.append((rec.serial, -rec.nbytes))
-        self._tagged(rec.block if self.phase in _BY_OWNER else self.block)
+        tag = rec.block if self.phase in _BY_OWNER else self.block
+        if tag == -1 and self.no_grad_stack and 0 <= rec.block < self.last_block:
+            tag = rec.block + 1
+        self._tagged(tag)
         self.memory_log.append((FREE, rec.serial))
 
     def retag(self, t: torch.Tensor, category: str) -> None:

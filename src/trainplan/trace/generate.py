@@ -34,7 +34,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..errors import TrainplanError
 from ..models import build_model
-from .counters import OpRecord, StepCounter
+from . import blocks as block_tags
+from .counters import OpRecord, StepCounter, event_blocks
+from .depth import Stack, cut
 from .semantics import KernelSemantics, TargetSemantics
 from .tracer import _materialise, _Tracker, _untraceable, compute_dtype, count_parameters, \
     prepare_model
@@ -63,6 +65,12 @@ class InferenceTrace:
     kv_dtype_bytes: int
     trace_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # traced with the stack cut (`trace_forward`'s depth): what the whole stack is read off
+    stack: Stack | None = None
+    alloc_events: list[tuple[int, int]] = field(default_factory=list)
+    memory_log: list[tuple] = field(default_factory=list)
+    event_blocks: list[int] | None = None
+    last_block: dict[str, int] | None = None
     derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     # what summarize() reads from a training trace; an inference forward has none of these
     gradient_bytes: int = 0
@@ -128,15 +136,21 @@ def _first(c, *names, default=0):
 
 
 def trace_forward(job, sem: KernelSemantics, batch: int, new_tokens: int,
-                  context: int = 0) -> InferenceTrace:
+                  context: int = 0, depth: int | None = None) -> InferenceTrace:
     """Trace one no-grad forward of `new_tokens` tokens for each of `batch` sequences whose KV
     cache already holds `context` tokens (prefill: context=0, new_tokens=prompt length; decode
-    step at context t: new_tokens=1, context=t)."""
+    step at context t: new_tokens=1, context=t).
+
+    `depth`: trace only the first `depth` layers of the model's stack of alike layers
+    (trace/depth.py; all where it has none); the trace's `stack` says so, and it keeps what
+    predict/generation.py reads the whole stack's forward off: each op's and event's layer
+    (trace/blocks.py), the memory log, and the last layer's parameters and weight bytes."""
     t0 = time.perf_counter()
     images = bool(job.image_size)
     if images:       # a VLM generates through its language model; the prompt's image tokens
         job = job.with_(image_size=None, images_per_sample=None)    # are prefilled as tokens
     bundle = build_model(job, attention=sem.attention)
+    stack = cut(bundle.module, depth) if depth else None
     if images:
         bundle.notes.append("generation: the prompt's image tokens are prefilled through the "
                             "language model; the vision tower's pass on them is not timed here "
@@ -152,14 +166,20 @@ def trace_forward(job, sem: KernelSemantics, batch: int, new_tokens: int,
     counter = StepCounter()
     tracker = _Tracker()
     counter.mt = tracker
+    layers = model.get_submodule(stack.path) if stack is not None else None
+    if layers is not None:         # which layer each event and op belongs to (trace/blocks.py)
+        block_tags.tag(counter, layers)
+        counter.no_grad_stack = True
     ts = TargetSemantics(sem, on_weight_cast=lambda t: counter.track(t, "weight_casts"))
     vocab = job.transformer.vocab_size if reference else model.config.get_text_config().vocab_size
     gc.collect()
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), counter, torch.no_grad():
             counter.count_ops, counter.phase = False, "setup"
-            _materialise(model, counter)
-            cache = _make_cache(model, reference, dims, batch, context, kv_dtype, counter)
+            _materialise(model, counter,
+                         block_tags.module_blocks(layers) if layers is not None else None)
+            cache = _make_cache(model, reference, dims if stack is None else
+                                (stack.traced,) + dims[1:], batch, context, kv_dtype, counter)
             ids = torch.randint(0, vocab, (batch, new_tokens))
             kwargs = {"input_ids": ids}
             if not reference:
@@ -187,10 +207,19 @@ def trace_forward(job, sem: KernelSemantics, batch: int, new_tokens: int,
     notes = list(bundle.notes)
     if counter.unknown_flop_ops:
         notes.append("FLOPs not counted for: " + ", ".join(sorted(counter.unknown_flop_ops)))
-    return InferenceTrace(bundle.name, batch, new_tokens, context, sem, list(counter.records),
-                          total, weight_bytes, kv_bytes, counter.peak, *dims,
-                          torch.empty((), dtype=kv_dtype).element_size(),
-                          time.perf_counter() - t0, notes)
+    tr = InferenceTrace(bundle.name, batch, new_tokens, context, sem, list(counter.records),
+                        total, weight_bytes, kv_bytes, counter.peak, *dims,
+                        torch.empty((), dtype=kv_dtype).element_size(),
+                        time.perf_counter() - t0, notes)
+    if stack is not None:
+        last = layers[-1]
+        uniq = {id(p): p for p in last.parameters()}.values()
+        tr.stack, tr.alloc_events, tr.memory_log = stack, counter.events, counter.memory_log
+        tr.event_blocks = event_blocks(counter)
+        tr.last_block = {"params_total": count_parameters(last)[0],
+                         "weight_bytes": sum(p.numel() * p.element_size() for p in uniq) +
+                         sum(b.numel() * b.element_size() for b in last.buffers())}
+    return tr
 
 
 def _make_cache(model, reference: bool, dims, batch: int, context: int, dtype, counter):
@@ -204,12 +233,16 @@ def _make_cache(model, reference: bool, dims, batch: int, context: int, dtype, c
     if context <= 0:
         return cache
     for i in range(layers):
+        if counter.tag_blocks:     # layer i's cache is layer i's (trace/blocks.py)
+            counter.block = i
         k = torch.empty(batch, kv_heads, context, head_dim, dtype=dtype)
         v = torch.empty(batch, kv_heads, context, head_dim, dtype=dtype)
         if reference:
             cache[i] = (k, v)
         else:
             cache.update(k, v, i)
+        del k, v       # what the cache copied is freed with its layer, not the next one's
+    counter.block = -1
     return cache
 
 

@@ -35,6 +35,7 @@ class Forward(NamedTuple):
     batch: int
     new_tokens: int
     context: int
+    depth: int | None = None      # layers of the stack traced (trace_forward)
 
 
 def workers_available() -> int:
