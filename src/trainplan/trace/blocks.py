@@ -10,7 +10,12 @@ parameter, the blocks' in model order. The counter (counters.py) tags every even
   ready, block i's nodes run next), one on block 0's input sets -1 (the embeddings' backward);
   the hidden state flows through the blocks in turn, so every node of block i runs in between;
 * setup and optimizer: the block of the tensor an event belongs to (counters.py `_owners`):
-  a parameter is its block's, its gradient and optimizer state are its parameter's.
+  a parameter is its block's, its gradient and optimizer state are its parameter's;
+* a no-grad forward (trace/generate.py): a block's output freed between blocks, as the next
+  block's output replaces it, is the next block's (counters.py `no_grad_stack`).
+
+Ops are tagged alike: the share of each op's work that is the last block's (counters.py
+`OpRecord.last_block`), what one more block adds (predict/depth.py `extend`, `whole_forward`).
 """
 from __future__ import annotations
 
