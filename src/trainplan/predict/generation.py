@@ -49,13 +49,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import TrainplanError
+from ..models import stack_hint
 from ..trace import store
+from ..trace.depth import MIN_BLOCKS
 from ..trace.generate import InferenceTrace, kv_cache_bytes, trace_forward
 from .comm import collective_s
 from .target import semantics_for
 from .timing import load_efficiency, op_times, summarize
-from ..models import stack_hint
-from ..trace.depth import MIN_BLOCKS
 from ..trace.parallel import Forward
 from .depth import HIGH, whole_forward
 from .traces import Deferred, defer_forward, may_trace

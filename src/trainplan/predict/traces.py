@@ -517,11 +517,11 @@ class Traces:
                 hi: int | None = None, depth: int | None = None) -> bool:
         """Whether the real traces at `lo` and `hi` run the same ops, so that other micro-batches
         can be read off their line (interpolate.same_shape_family; traced if needed); for a cut
-        model, whether both cut models' do. Default: the job's anchors."""
+        model, whether the cut models' it reads do (`_reads_low`). Default: the job's anchors."""
         if lo is None or hi is None:
             lo, hi = anchors(job)
-        if depth is None and self._cuts(job, sem):   # the HIGH-block traces' (and the LOW-
-            if not self.on_line(job, sem, lo, hi, HIGH):   # block ones' where those are read)
+        if depth is None and self._cuts(job, sem):   # the HIGH-block traces', and the LOW-
+            if not self.on_line(job, sem, lo, hi, HIGH):   # block ones' where those are read
                 return False
             return not self._reads_low(self._real(job, sem, lo, HIGH)) or \
                 self.on_line(job, sem, lo, hi, LOW)
