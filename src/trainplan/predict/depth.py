@@ -150,8 +150,7 @@ def stitch(lo: Trace, hi: Trace, tagged: Trace | None = None) -> Trace | None:
         return {k: {kk: line(d0[k][kk], v) for kk, v in inner.items()} for k, inner in d1.items()}
 
     def names(items: list[str]) -> list[str]:
-        tails = [_split(pattern, n) for n in items if _block_of(pattern, n) == last]
-        return list(items) + [f"{a}{i}{b}" for i in range(n, L) for a, b in tails]
+        return _with_copies(items, pattern, last, L)
 
     out = replace(
         hi, ops=ops, phase_peaks=phase_peaks, peak_phase=peak_phase,
@@ -218,6 +217,7 @@ def extend(hi: Trace) -> Trace | None:
     flops = {ph: dict(v) for ph, v in hi.flops.items()}
     moved = {ph: dict(v) for ph, v in hi.bytes_moved.items()}
     recompute = hi.recompute_flops
+    work = {"forward": 0.0, "backward": 0.0}    # of the ops the module table attributes
     for r in hi.ops:
         share = r.last_block
         if share and r.phase in flops:
@@ -225,6 +225,8 @@ def extend(hi: Trace) -> Trace | None:
             moved[r.phase][r.family] += share * r.bytes
             if r.recompute:
                 recompute += share * r.flops
+            if r.module and r.phase in work:
+                work[r.phase] += share * r.flops
         if share >= 1.0:
             more.append(r)
         elif share > 0.0:
@@ -234,26 +236,31 @@ def extend(hi: Trace) -> Trace | None:
         ops.append(r)
     pattern = _index_pattern(hi.stack.path)
     add = hi.last_block
-    work = {ph: sum(r.last_block * r.flops for r in hi.ops if r.phase == ph and r.module)
-            for ph in ("forward", "backward")}
     out = replace(
         hi, stack=replace(hi.stack, traced=HIGH + 1), ops=ops + more, phase_peaks=phase_peaks,
         peak_phase=peak_phase, peak_allocated_bytes=phase_peaks[peak_phase][0],
         peak_breakdown_bytes=dict(phase_peaks[peak_phase][1]), flops=flops, bytes_moved=moved,
         recompute_flops=recompute,
         modules=_one_more_block(hi.modules, pattern, hi.stack.path, work),
-        checkpointed_blocks=_one_more_name(hi.checkpointed_blocks, pattern),
-        lora_modules=_one_more_name(hi.lora_modules, pattern),
+        checkpointed_blocks=_with_copies(hi.checkpointed_blocks, pattern, HIGH - 1, HIGH + 1),
+        lora_modules=_with_copies(hi.lora_modules, pattern, HIGH - 1, HIGH + 1),
         alloc_events=[], memory_log=log, event_blocks=None, marks=[], gradients_made=[],
         timeline=[], **{k: type(getattr(hi, k))(getattr(hi, k) + v) for k, v in add.items()})
     out.derived["extended"] = True
     return out
 
 
-def _one_more_name(items: list[str], pattern) -> list[str]:
-    """`items` and block HIGH-1's names as block HIGH's."""
-    tails = [_split(pattern, n) for n in items if _block_of(pattern, n) == HIGH - 1]
-    return list(items) + [f"{a}{HIGH}{b}" for a, b in tails]
+def _with_copies(items: list[str], pattern, last: int, blocks: int) -> list[str]:
+    """`items` and block `last`'s names as those of blocks last+1 .. blocks-1."""
+    tails = [_split(pattern, n) for n in items if _block_of(pattern, n) == last]
+    return list(items) + [f"{a}{i}{b}" for i in range(last + 1, blocks) for a, b in tails]
+
+
+def _row_copies(block_rows: list[ModuleRow], pattern, blocks) -> list[ModuleRow]:
+    """One block's module rows, renamed as each of `blocks`'."""
+    tails = [(_split(pattern, r.name), r) for r in block_rows]
+    return [ModuleRow(f"{a}{i}{b}", r.depth, r.params, r.trainable_params, r.activation_bytes,
+                      r.flops_forward, r.flops_backward) for i in blocks for (a, b), r in tails]
 
 
 def _one_more_block(rows: list[ModuleRow], pattern, path: str, work: dict[str, float]
@@ -268,7 +275,8 @@ def _one_more_block(rows: list[ModuleRow], pattern, path: str, work: dict[str, f
     if mine is None:
         return list(rows)
     holders = {"(total)"} | {".".join(path.split(".")[:i]) for i in range(1, path.count(".") + 2)}
-    out, tail = [], [m for m in rows if _block_of(pattern, m.name) == HIGH - 1][-1]
+    block_rows = [m for m in rows if _block_of(pattern, m.name) == HIGH - 1]
+    out = []
     for m in rows:
         if m.name in holders:
             m = ModuleRow(m.name, m.depth, m.params + mine.params,
@@ -276,11 +284,8 @@ def _one_more_block(rows: list[ModuleRow], pattern, path: str, work: dict[str, f
                           m.activation_bytes + mine.activation_bytes,
                           m.flops_forward + work["forward"], m.flops_backward + work["backward"])
         out.append(m)
-        if m is tail:
-            out.extend(ModuleRow(f"{a}{HIGH}{b}", r.depth, r.params, r.trainable_params,
-                                 r.activation_bytes, r.flops_forward, r.flops_backward)
-                       for r in rows if _block_of(pattern, r.name) == HIGH - 1
-                       for a, b in [_split(pattern, r.name)])
+        if m is block_rows[-1]:
+            out.extend(_row_copies(block_rows, pattern, [HIGH]))
     return out
 
 
@@ -303,10 +308,7 @@ def _modules(lo: Trace, hi: Trace, pattern, L: int, line) -> list[ModuleRow]:
                                   line(a.flops_forward, m.flops_forward),
                                   line(a.flops_backward, m.flops_backward)))
         if m is tail:
-            tails = [(_split(pattern, r.name), r) for r in block_rows]
-            rows.extend(ModuleRow(f"{a}{i}{b}", r.depth, r.params, r.trainable_params,
-                                  r.activation_bytes, r.flops_forward, r.flops_backward)
-                        for i in range(n, L) for (a, b), r in tails)
+            rows.extend(_row_copies(block_rows, pattern, range(n, L)))
     return rows
 
 
@@ -449,16 +451,9 @@ def _emit(events, plan, blocks: int, src: list | None = None) -> list[tuple[int,
     copies, the block k >= HIGH whose copy it is or -1)."""
     runs, template, relation, pos, every = plan
     T, last = HIGH - 1, blocks - 1
-    slot: dict[tuple[int, int], int] = {}
-    real: dict[tuple[int, int], int] = {}
-    for i, (start, n, _a) in template.items():
-        for m in range(n):
-            serial, nbytes = events[start + m]
-            if nbytes >= 0:
-                slot[(i, m)] = len(slot)
-                real[(i, m)] = serial
+    slot, base = _slots(events, template)
+    real = {(i, m): events[template[i][0] + m][0] for i, m in slot}
     A = len(slot)
-    base = max((s for s, _n in events), default=0) + 1
     recipes = {}
     for i, (start, n, _a) in template.items():
         recipe = []
@@ -521,6 +516,18 @@ def _emit(events, plan, blocks: int, src: list | None = None) -> list[tuple[int,
                 if src is not None:
                     src.append((e, last))
     return out
+
+
+def _slots(events, template: dict) -> tuple[dict[tuple[int, int], int], int]:
+    """({(template run, position): slot} for the template's allocations in order, the serial
+    after the last): block k >= HIGH's copy of the allocation in slot s has serial
+    base + (k - HIGH) x (allocations) + s (`_emit`, `whole_log`)."""
+    slot: dict[tuple[int, int], int] = {}
+    for i, (start, n, _a) in template.items():
+        for m in range(n):
+            if events[start + m][1] >= 0:
+                slot[(i, m)] = len(slot)
+    return slot, max((s for s, _n in events), default=0) + 1
 
 
 def _freed_by_all(events, start: int, n: int, pos: dict, T: int, P: int
@@ -595,15 +602,9 @@ def whole_log(hi: Trace, blocks: int) -> list[tuple] | None:
     if len(entry) != len(hi.alloc_events):
         return None
     T = HIGH - 1
-    slot: dict[tuple[int, int], int] = {}
-    in_template: set[int] = set()
-    for i, (start, n, _a) in template.items():
-        for m in range(n):
-            in_template.add(start + m)
-            if hi.alloc_events[start + m][1] >= 0:
-                slot[(i, m)] = len(slot)
+    slot, base = _slots(hi.alloc_events, template)
     A = len(slot)
-    base = max((s for s, _n in hi.alloc_events), default=0) + 1
+    in_template = {start + m for start, n, _a in template.values() for m in range(n)}
 
     def copy_of(serial: int, k: int) -> int | None:
         where = pos.get(serial)
@@ -663,9 +664,10 @@ def whole_forward(tr):
         return None
     n, L = tr.stack.traced, tr.stack.blocks
     extra = L - n
-    ops = list(tr.ops) + [r for _ in range(extra) for r in tr.ops if r.last_block >= 1.0]
+    layer = [r for r in tr.ops if r.last_block >= 1.0]
     return replace(
-        tr, ops=ops, params_total=tr.params_total + extra * tr.last_block["params_total"],
+        tr, ops=list(tr.ops) + layer * extra,
+        params_total=tr.params_total + extra * tr.last_block["params_total"],
         weight_bytes=tr.weight_bytes + extra * tr.last_block["weight_bytes"],
         kv_cache_bytes=tr.kv_cache_bytes + extra * (tr.kv_cache_bytes // n),
         peak_bytes=replay_log(log)[1][0], alloc_events=[], memory_log=[], event_blocks=None,

@@ -39,7 +39,7 @@ from .counters import OpRecord, StepCounter, event_blocks
 from .depth import Stack, cut
 from .semantics import KernelSemantics, TargetSemantics
 from .tracer import _materialise, _Tracker, _untraceable, compute_dtype, count_parameters, \
-    prepare_model
+    prepare_model, stored_bytes
 
 
 @dataclass
@@ -201,9 +201,7 @@ def trace_forward(job, sem: KernelSemantics, batch: int, new_tokens: int,
     except Exception as e:
         raise _untraceable(bundle.name, e) from None
     total, _ = count_parameters(model)
-    uniq = {id(p): p for p in model.parameters()}.values()
-    weight_bytes = sum(p.numel() * p.element_size() for p in uniq) + \
-        sum(b.numel() * b.element_size() for b in model.buffers())
+    weight_bytes = stored_bytes(model)
     notes = list(bundle.notes)
     if counter.unknown_flop_ops:
         notes.append("FLOPs not counted for: " + ", ".join(sorted(counter.unknown_flop_ops)))
@@ -212,13 +210,10 @@ def trace_forward(job, sem: KernelSemantics, batch: int, new_tokens: int,
                         torch.empty((), dtype=kv_dtype).element_size(),
                         time.perf_counter() - t0, notes)
     if stack is not None:
-        last = layers[-1]
-        uniq = {id(p): p for p in last.parameters()}.values()
         tr.stack, tr.alloc_events, tr.memory_log = stack, counter.events, counter.memory_log
         tr.event_blocks = event_blocks(counter)
-        tr.last_block = {"params_total": count_parameters(last)[0],
-                         "weight_bytes": sum(p.numel() * p.element_size() for p in uniq) +
-                         sum(b.numel() * b.element_size() for b in last.buffers())}
+        tr.last_block = {"params_total": count_parameters(layers[-1])[0],
+                         "weight_bytes": stored_bytes(layers[-1])}
     return tr
 
 

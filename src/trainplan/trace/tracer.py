@@ -336,6 +336,13 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
                       time.perf_counter() - t0, stack, sem.flash_eligible, last_block)
 
 
+def stored_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's parameters (tied ones once) and buffers as stored."""
+    uniq = {id(p): p for p in module.parameters()}.values()
+    return sum(p.numel() * p.element_size() for p in uniq) + \
+        sum(b.numel() * b.element_size() for b in module.buffers())
+
+
 def _last_block(block: torch.nn.Module, counter: StepCounter) -> dict[str, float]:
     """What the last block of a cut stack adds to the trace's totals (what one more alike block
     adds: predict/depth.py `extend`): its parameters, their bytes as stored, trainable, as
@@ -346,9 +353,7 @@ def _last_block(block: torch.nn.Module, counter: StepCounter) -> dict[str, float
     live = counter.last_block_live
     trainable_bytes = sum(p.numel() * p.element_size() for p in uniq if p.requires_grad)
     return {"params_total": total, "params_trainable": trainable,
-            "weight_bytes": sum(p.numel() * p.element_size() for p in uniq) +
-            sum(b.numel() * b.element_size() for b in block.buffers()),
-            "trainable_param_bytes": trainable_bytes, "gradient_bytes": trainable_bytes,
+            "weight_bytes": stored_bytes(block), "trainable_param_bytes": trainable_bytes, "gradient_bytes": trainable_bytes,
             "optimizer_state_bytes": counter.live_by_block("optimizer_states", counter.last_block),
             "activation_bytes": live.get("activations", 0),
             "weight_cast_bytes": live.get("weight_casts", 0)}
@@ -466,8 +471,7 @@ def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_
                last_block: dict | None = None) -> Trace:
     total, trainable = count_parameters(model)
     uniq = {id(p): p for p in model.parameters()}.values()
-    weight_bytes = sum(p.numel() * p.element_size() for p in uniq) + \
-        sum(b.numel() * b.element_size() for b in model.buffers())
+    weight_bytes = stored_bytes(model)
     trainable_bytes = sum(p.numel() * p.element_size() for p in uniq if p.requires_grad)
 
     flops = {ph: {"matmul": 0.0, "attention": 0.0, "other": 0.0}
