@@ -25,6 +25,7 @@ PLANS = [
     ["trainplan", "plan"],                                      # the quickstart: graphmer-se.yaml
     ["trainplan", "plan", "examples/glf-cr-2xt4.yaml"],
     ["trainplan", "plan", "examples/chart-rvr-grpo.yaml"],
+    ["trainplan", "plan", "examples/llama3-8b-multinode.yaml", "--gpu", "h100-sxm", "--gpus", "16"],
     CMD,
     ["trainplan", "plan", "--model", "hf:meta-llama/Llama-3.2-1B", "--batch-size", "8"] + LLM,
     ["trainplan", "plan", "--model", "hf:meta-llama/Llama-3.1-70B", "--batch-size", "1"] + LLM,

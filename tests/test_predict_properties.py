@@ -63,20 +63,23 @@ def accel():
 
 @pytest.fixture(scope="module", autouse=True)
 def real_traces():
-    """Memoise `trace_step` as predict/traces.py calls it: every real trace is taken once."""
+    """Memoise `trace_step` as predict/traces.py calls it: every real trace is taken once. The
+    models are traced whole (no stack is cut: trace/depth.py MIN_BLOCKS), so that (c) compares
+    one real trace with another; traces stitched from cut ones are checked in test_depth.py."""
     real = traces_mod.trace_step
     memo: dict[tuple, object] = {}
 
-    def trace_step(job, sem, batch_size=None, *args, **kw):
+    def trace_step(job, sem, batch_size=None, *args, depth=None, **kw):
         if args or kw:
-            return real(job, sem, batch_size, *args, **kw)
-        key = repr(job), sem.key(), batch_size or job.batch_size
+            return real(job, sem, batch_size, *args, depth=depth, **kw)
+        key = repr(job), sem.key(), batch_size or job.batch_size, depth
         if key not in memo:
-            memo[key] = real(job, sem, batch_size)
+            memo[key] = real(job, sem, batch_size, depth=depth)
         return memo[key]
 
     mp = pytest.MonkeyPatch()
     mp.setattr(traces_mod, "trace_step", trace_step)
+    mp.setattr(traces_mod, "MIN_BLOCKS", 10**9)
     yield memo
     mp.undo()
 

@@ -171,3 +171,32 @@ def test_a_round_asks_for_both_anchors_of_a_cut_model_at_once(monkeypatch):
     with pytest.raises(Stop):
         traces.in_rounds([lambda: traces.at(job, EFFICIENT, 5)])
     assert rounds == [{(b, HIGH) for b in ANCHORS}]
+
+
+@pytest.mark.parametrize("model, made", [
+    # T5: the first block owns the relative position bias, so the blocks are not alike and
+    # nothing is cut: the traces asked cut are whole, and serve as the whole ones (2, not 4)
+    ("google-t5/t5-small", [2, 4]),
+    # BERT: cut, but its allocations do not repeat block by block (a 12-block stack is below
+    # EXACT_BLOCKS): traced whole after the cut traces, and the next variant whole at once
+    ("google-bert/bert-base-uncased", [4, 6]),
+])
+def test_a_model_that_cannot_be_read_off_a_cut_trace_is_traced_whole_once(monkeypatch, model,
+                                                                            made):
+    """predict/traces.py `_traced_whole`: what the built model shows on its first cut trace
+    (nothing to cut, or a cut step that is not exact) holds for its other variants (a rung's
+    checkpointing): none of them is traced cut again."""
+    import trainplan.predict.traces as traces_mod
+    import trainplan.trace.depth as trace_depth
+    monkeypatch.setattr(trace_depth, "MIN_BLOCKS", 6)
+    monkeypatch.setattr(traces_mod, "MIN_BLOCKS", 6)
+    monkeypatch.setenv("TRAINPLAN_JOBS", "1")      # a pool forked earlier cuts from its own
+    from trainplan.spec import Job, validate
+    job = validate(Job(model="hf:" + model, seq_len=32, precision="bf16-amp"))
+    traces = Traces()
+    whole = traces.in_rounds([lambda: traces.at(job, EFFICIENT, 5)])[0][0]
+    assert traces.traced == made[0] and whole.stack is None
+    ckpt = job.with_(grad_checkpointing="full")
+    traces.in_rounds([lambda: traces.at(ckpt, EFFICIENT, 5)])
+    assert traces.traced == made[1]
+    assert not traces._cuts(ckpt, EFFICIENT) and traces.traced_batches(ckpt, EFFICIENT) == [2, 32]

@@ -265,7 +265,12 @@ class Traces:
 
     def _shared(self, job, sem: KernelSemantics, batch: int, depth: int | None) -> Trace | None:
         """The attention twin's trace (`attention_twin`, in memory or on disk) as this one's,
-        where it is the same step; else None."""
+        where it is the same step; for a whole trace, the one asked cut to HIGH blocks where the
+        built model had no stack to cut (`_traced_whole`); else None."""
+        if depth is None:
+            cut = self._exact.get(self._key(job, sem, HIGH) + (batch,))
+            if cut is not None and cut.stack is None:
+                return cut
         twin = attention_twin(sem)
         if twin is None:
             return None
@@ -293,14 +298,21 @@ class Traces:
                     whole.stack.blocks < EXACT_BLOCKS:
                 whole = None      # the allocator's waste only within a band: traced whole
             if whole is None:
-                self._uncut.add(self._key(job, sem))
-                whole_key = self._key(job, sem)
-                if hi.stack is None and how == "exact" and \
-                        whole_key + (batch,) not in self._exact:    # the "cut" trace is whole
-                    self._store(whole_key, batch, hi)
+                self._traced_whole(job, sem)
                 return None
             self._whole[memo] = (whole, between)
         return self._whole[memo]
+
+    def _traced_whole(self, job, sem: KernelSemantics) -> None:
+        """`job`'s model is traced whole from now on, this variant and the others (`_cuts`): its
+        built model has no stack of alike blocks (depth.cut: T5's first block owns the relative
+        position bias), so its traces "cut" to HIGH blocks are whole ones, kept as such; or its
+        stack is shallower than EXACT_BLOCKS and its allocations do not repeat block by block
+        (BERT), so the whole step cannot be read off a cut trace. Both are the built model's,
+        not the variant's: cutting the next rung's trace would be the same wasted trace. The
+        whole traces then asked for reuse the "cut" ones that are whole (`_shared`)."""
+        self._uncut.add(self._key(job, sem))
+        self._depths[(job.model, job.transformer)] = None
 
     def _reads_low(self, hi: Trace) -> bool:
         """Whether the whole step is read off the trace cut to LOW blocks as well as `hi`, the

@@ -18,9 +18,13 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
-# Cut only stacks this deep: two cut traces (3 and 4 blocks) cost about what 10-12 whole blocks
-# do (Llama-3.2-1B, 16 blocks: 0.6 + 0.8 s against 2.1 s whole, 2026-11-26, this 2-core machine);
-# where one block more is read off the 4-block trace's last (predict/depth.py `extend`), one.
+# Cut only stacks this deep. One 4-block trace gives the whole step where one block more is read
+# off its last (predict/depth.py `extend`), and costs what 3-5 whole blocks do (warm, 2 cores,
+# 2026-11-27, scripts/cut_cost.py, two runs: a micro-batch-2 step of GraphMER-SE, 12 blocks,
+# 0.56-0.77 s cut against 1.56-1.99 s whole; GPT-2, 12 blocks, 0.47-0.49 against 1.05-1.29 s;
+# Llama-3.2-1B, 16 blocks, 0.49-0.78 against 1.97-2.00 s), so a stack of 8 already pays. Where the cut step is not read exactly (below),
+# the model's first cut traces are wasted and its later ones are made whole (predict/traces.py
+# `_traced_whole`): BERT-base, 12 blocks, pays one 4-block trace per plan.
 # The cut traces give every op and byte count of the full step, and the caching allocator's replay
 # over the whole stack where the cut trace's allocations repeat block by block
 # (predict/depth.py `whole_events`: the same replay as the full trace's). Where they do not (BERT:
@@ -29,7 +33,7 @@ import torch.nn as nn
 # (Qwen2.5-VL-3B, ZeRO-3 LoRA on 2 x T4: 14.88 GiB cut against 15.10 GiB whole, on a 15.00 GiB
 # T4). Below EXACT_BLOCKS such a model is traced whole (predict/traces.py); from EXACT_BLOCKS
 # (13B and up: 40-80 blocks, whose full traces made a plan take minutes) the band is accepted.
-MIN_BLOCKS = 16
+MIN_BLOCKS = 8
 EXACT_BLOCKS = 40
 
 
