@@ -56,6 +56,44 @@ def test_the_crossover_against_a_cloud_gpu_by_hand():
     assert crossover((LOCAL, 5 * H), (CLOUD, 1 * H), CampaignSpec(hardware_usd=0)) == 1
 
 
+def _run_by_run(owned, other, spec) -> int | None:
+    """The crossover as defined: each run count in turn up to LINEAR_RUNS, then bisection."""
+    from trainplan.plan.campaign import LINEAR_RUNS, MAX_CROSSOVER_RUNS
+
+    def cheaper(n):
+        return _totals(owned[0], n * owned[1], spec)["total_usd"] <= \
+            _totals(other[0], n * other[1], spec)["total_usd"] + 1e-9
+    hit = next((n for n in range(1, LINEAR_RUNS + 1) if cheaper(n)), None)
+    if hit is not None or not cheaper(MAX_CROSSOVER_RUNS):
+        return hit
+    lo, hi = LINEAR_RUNS, MAX_CROSSOVER_RUNS
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if cheaper(mid) else (mid, hi)
+    return hi
+
+
+@pytest.mark.parametrize("spec", [
+    CampaignSpec(per="year", electricity_usd_per_kwh=0.20, lifetime_years=3),
+    CampaignSpec(electricity_usd_per_kwh=0.35, lifetime_years=1),
+    CampaignSpec(per="month", hardware_usd=2500),
+], ids=["year", "no-period", "month"])
+def test_the_crossover_skips_only_runs_that_cannot_cross(spec):
+    """crossover rules out stretches of runs where the owned machine's total at the first is
+    already above the other's at the last: the same answer as trying each run count, against
+    every kind of platform (hourly cloud, Colab's subscription with compute units, quotas)."""
+    others = [p for p in P.values() if p.is_current and p.provider != "local"]
+    hits = 0
+    for per_run in (0.5 * H, 5 * H, 60 * H):
+        for other in others:
+            for ratio in (0.3, 1.0, 4.0):
+                owned, rival = (LOCAL, per_run), (other, per_run * ratio)
+                n = crossover(owned, rival, spec)
+                assert n == _run_by_run(owned, rival, spec), (other.id, per_run, ratio)
+                hits += n is not None
+    assert hits > 10                  # crossings found, not only None
+
+
 def test_bad_campaign_input_is_one_clear_error():
     with pytest.raises(TrainplanError, match="runs must be a whole number"):
         parse_campaign({"runs": 0})
