@@ -157,10 +157,10 @@ class Traces:
         self._between: dict[tuple, Trace] = {}
         self._family: dict[tuple, bool] = {}        # do the traces at (lo, hi) run the same ops?
         self._keys: dict[int, tuple] = {}           # id(job) -> (job, its variant key)
-        self._depths: dict[tuple, int | None] = {}  # (model, dims) -> blocks its config names
+        self._depths: dict[tuple, int | None] = {}  # (model, dims) -> blocks its config names,
+                                                    # None once traced whole (_traced_whole)
         self._whole: dict[tuple, tuple[Trace, bool]] = {}   # stitched traces (depth.py)
         self._extended: dict[int, tuple] = {}       # id(trace) -> (trace, one block more)
-        self._uncut: set[tuple] = set()             # variants traced whole (no stack to cut)
         self._progress = progress
         self._cut = cut
         self._failed: set[tuple] = set()            # traces a worker could not make
@@ -184,7 +184,7 @@ class Traces:
         cut trace: one cut trace costs the tower and 4 text blocks (when both a 3- and a 4-block
         trace were made, each ran the whole tower, and cutting cost more than it saved:
         Qwen2.5-VL-3B with one 560 px image, 33-50 s a step, 14 s of it the text model)."""
-        if not self._cut or self._key(job, sem) in self._uncut:
+        if not self._cut:
             return False
         model = (job.model, job.transformer)     # what stack_hint reads
         if model not in self._depths:
@@ -298,12 +298,12 @@ class Traces:
                     whole.stack.blocks < EXACT_BLOCKS:
                 whole = None      # the allocator's waste only within a band: traced whole
             if whole is None:
-                self._traced_whole(job, sem)
+                self._traced_whole(job)
                 return None
             self._whole[memo] = (whole, between)
         return self._whole[memo]
 
-    def _traced_whole(self, job, sem: KernelSemantics) -> None:
+    def _traced_whole(self, job) -> None:
         """`job`'s model is traced whole from now on, this variant and the others (`_cuts`): its
         built model has no stack of alike blocks (depth.cut: T5's first block owns the relative
         position bias), so its traces "cut" to HIGH blocks are whole ones, kept as such; or its
@@ -311,7 +311,6 @@ class Traces:
         (BERT), so the whole step cannot be read off a cut trace. Both are the built model's,
         not the variant's: cutting the next rung's trace would be the same wasted trace. The
         whole traces then asked for reuse the "cut" ones that are whole (`_shared`)."""
-        self._uncut.add(self._key(job, sem))
         self._depths[(job.model, job.transformer)] = None
 
     def _reads_low(self, hi: Trace) -> bool:

@@ -22,9 +22,10 @@ import torch.nn as nn
 # off its last (predict/depth.py `extend`), and costs what 3-5 whole blocks do (warm, 2 cores,
 # 2026-11-27, scripts/cut_cost.py, two runs: a micro-batch-2 step of GraphMER-SE, 12 blocks,
 # 0.56-0.77 s cut against 1.56-1.99 s whole; GPT-2, 12 blocks, 0.47-0.49 against 1.05-1.29 s;
-# Llama-3.2-1B, 16 blocks, 0.49-0.78 against 1.97-2.00 s), so a stack of 8 already pays. Where the cut step is not read exactly (below),
-# the model's first cut traces are wasted and its later ones are made whole (predict/traces.py
-# `_traced_whole`): BERT-base, 12 blocks, pays one 4-block trace per plan.
+# Llama-3.2-1B, 16 blocks, 0.49-0.78 against 1.97-2.00 s), so a stack of 8 already pays. Where
+# the cut step is not read exactly (below), the model's first cut traces are wasted and its later
+# ones are made whole (predict/traces.py `_traced_whole`): BERT-base, 12 blocks, pays one 4-block
+# trace per plan.
 # The cut traces give every op and byte count of the full step, and the caching allocator's replay
 # over the whole stack where the cut trace's allocations repeat block by block
 # (predict/depth.py `whole_events`: the same replay as the full trace's). Where they do not (BERT:
