@@ -353,7 +353,8 @@ def _last_block(block: torch.nn.Module, counter: StepCounter) -> dict[str, float
     live = counter.last_block_live
     trainable_bytes = sum(p.numel() * p.element_size() for p in uniq if p.requires_grad)
     return {"params_total": total, "params_trainable": trainable,
-            "weight_bytes": stored_bytes(block), "trainable_param_bytes": trainable_bytes, "gradient_bytes": trainable_bytes,
+            "weight_bytes": stored_bytes(block), "trainable_param_bytes": trainable_bytes,
+            "gradient_bytes": trainable_bytes,
             "optimizer_state_bytes": counter.live_by_block("optimizer_states", counter.last_block),
             "activation_bytes": live.get("activations", 0),
             "weight_cast_bytes": live.get("weight_casts", 0)}
