@@ -8,6 +8,7 @@ import pytest
 
 from trainplan.accelerators import get_accelerator
 from trainplan.predict import Traces, evaluate
+from trainplan.predict.traces import Deferred
 from trainplan.predict.target import semantics_for
 from trainplan.spec import Job, validate
 from trainplan.trace import store
@@ -51,6 +52,24 @@ def test_a_step_read_off_another_is_kept_and_read_back(where):
     b = evaluate(job, T4, traces=second)
     assert second.traced == 0 and second.loaded == stored
     assert _answers(a) == _answers(b)
+
+
+def test_what_reads_only_traces_made_reads_the_stored_ones_too(where):
+    # a memory curve (plan/extras.py) reads only traces already made (`made_only`); one an
+    # earlier run stored is made: the curve of a warm plan has the points of the cold one
+    job = tiny_job(batch_size=1)
+    sem = semantics_for(job, T4)
+    first = Traces()
+    evaluate(job, T4, traces=first)            # micro-batch 1 and its anchor, traced and stored
+    second = Traces()
+    with second.made_only():
+        second.prefetch([(job, sem, 1)])       # raised Deferred: only the cache was looked in
+        ev = evaluate(job, T4, traces=second)
+    assert second.traced == 0 and second.loaded == first.traced
+    assert _answers(ev) == _answers(evaluate(job, T4, traces=first))
+    with second.made_only(), pytest.raises(Deferred):   # one never made is still not made
+        second.prefetch([(job.with_(optimizer="sgd"), sem, 1)])
+    assert second.traced == 0
 
 
 def test_a_different_job_or_batch_is_a_different_key(where):

@@ -164,6 +164,7 @@ class Traces:
         self._progress = progress
         self._cut = cut
         self._failed: set[tuple] = set()            # traces a worker could not make
+        self._absent: set[tuple] = set()            # looked for in the disk store, not there
         self.deferring: list[tuple] | None = None   # while set: missing traces, recorded
         self._flash_hint: dict[tuple, bool] = {}    # did a trace of this model take flash?
         self.traced = 0                             # traces made by this cache
@@ -349,12 +350,28 @@ class Traces:
                 job = job.with_(grad_accum=1)
             todo.append((job, sem, batch, HIGH if self._cuts(job, sem) else None))
         if self.deferring is not None:
-            missing = [r for r in todo if self._key(*r[:2], r[3]) + (r[2],) not in self._exact]
+            missing = [r for r in todo if not self._held(*r)]
             if missing:
                 self.deferring.extend(missing)
                 raise Deferred
             return
         self.fill(todo, at_least=2, forwards=forwards)
+
+    def _held(self, job, sem: KernelSemantics, batch: int, depth: int | None) -> bool:
+        """Whether the trace is in this cache, after reading it from the disk store or taking
+        its attention twin's where it is there (as `fill` would before tracing anything). While
+        deferring, `prefetch` defers only what is not: a memory curve (`made_only`) reads the
+        traces an earlier run stored as the run that made them does."""
+        key = self._key(job, sem, depth)
+        if key + (batch,) not in self._exact and key + (batch,) not in self._absent:
+            self._load(key, job, sem, batch, depth)
+            if key + (batch,) not in self._exact:    # not stored: not looked for again (what
+                self._absent.add(key + (batch,))     # this process traces goes in _exact)
+        if key + (batch,) not in self._exact:
+            shared = self._shared(job, sem, batch, depth)
+            if shared is not None:
+                self._store(key, batch, shared)
+        return key + (batch,) in self._exact
 
     @staticmethod
     def asked(ask: Callable) -> list[tuple]:
