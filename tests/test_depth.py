@@ -154,6 +154,32 @@ def test_one_block_more_is_read_off_the_last_one(name):
         assert mine[name].flops_backward == pytest.approx(theirs[name].flops_backward, rel=1e-9)
 
 
+def test_what_a_plan_reuses_gives_what_it_would_make_afresh():
+    """depth.whole_log is walked once per log structure (the traces of one step at other
+    micro-batches, real or read off the anchors' line, share it) and `stitch` takes the ops one
+    more block adds from `extend`, which made them, instead of comparing the two op lists: both
+    give what the walk and the comparison give."""
+    from trainplan.predict import depth
+    from trainplan.predict.interpolate import trace_between
+    from trainplan.predict.target import semantics_for
+    from trainplan.predict.traces import trace_job
+    from trainplan.trace.tracer import trace_step
+    job = trace_job(LLAMA.with_(grad_checkpointing="selective"))
+    sem = semantics_for(job, get_accelerator("a100-80gb"))
+    lo, hi = (trace_step(job, sem, b, depth=depth.HIGH) for b in (2, 32))
+    depth._LOGS.clear()
+    for tr in (lo, hi, trace_between(lo, hi, 7), trace_between(lo, hi, 40, extrapolate=True)):
+        for blocks in (depth.HIGH + 1, tr.stack.blocks):
+            assert depth.whole_log(tr, blocks) == depth._whole_log(tr, blocks)[0]
+        more = depth.extend(tr)
+        fresh = depth.extend(tr)
+        del fresh.derived["one_more"]           # as if read off another trace: compared
+        a, b = depth.stitch(tr, more, tagged=tr), depth.stitch(tr, fresh, tagged=tr)
+        assert [depth._sig(r) for r in a.ops] == [depth._sig(r) for r in b.ops]
+        assert a.phase_peaks == b.phase_peaks and a.flops == b.flops
+    assert len(depth._LOGS) == 2                # one walk per depth, for all four
+
+
 def test_a_cut_model_is_traced_at_one_depth(monkeypatch):
     """The planner traces a cut model with HIGH blocks only; where one block more cannot be
     read off it (depth.extend gives None) it also traces LOW blocks, and the two ways give the

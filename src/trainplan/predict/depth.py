@@ -116,7 +116,8 @@ def stitch(lo: Trace, hi: Trace, tagged: Trace | None = None) -> Trace | None:
     f = float(L - lo.stack.traced)     # (L - lo) / (hi - lo), hi - lo = 1
     pattern = _index_pattern(path)
     last = n - 1
-    delta = _block_delta(lo.ops, hi.ops)
+    made = hi.derived.get("one_more")       # read off lo by `extend`: what it added, known
+    delta = made[1:] if made is not None and made[0] is lo else _block_delta(lo.ops, hi.ops)
     if delta is None or lo.phase_peaks.keys() != hi.phase_peaks.keys():
         return None
     new, pairs = delta
@@ -138,7 +139,7 @@ def stitch(lo: Trace, hi: Trace, tagged: Trace | None = None) -> Trace | None:
     # the same records, not copies: nothing changes a trace's records in place (who derives one
     # copies it first: interpolate.py, traces.relabel), and an 80-block model repeats ~150 of
     # them 76 times (copying them was most of a warm 70B plan's time)
-    ops.extend(r for _ in range(n, L) for r in new)
+    ops.extend(new * (L - n))
 
     phase_peaks = {ph: (whole(lo.phase_peaks[ph][0], v[0]),
                         {c: whole(lo.phase_peaks[ph][1].get(c, 0), v[1].get(c, 0))
@@ -213,7 +214,7 @@ def extend(hi: Trace) -> Trace | None:
     if phase_peaks.keys() != hi.phase_peaks.keys():
         return None
     peak_phase = max(phase_peaks, key=lambda ph: phase_peaks[ph][0])
-    ops, more = [], []
+    ops, more, grown = [], [], []
     flops = {ph: dict(v) for ph, v in hi.flops.items()}
     moved = {ph: dict(v) for ph, v in hi.bytes_moved.items()}
     recompute = hi.recompute_flops
@@ -230,9 +231,10 @@ def extend(hi: Trace) -> Trace | None:
         if share >= 1.0:
             more.append(r)
         elif share > 0.0:
-            r = copy.copy(r)
+            r0, r = r, copy.copy(r)
             r.flops, r.bytes, r.last_block = (r.flops * (1 + share), r.bytes * (1 + share),
                                               share / (1 + share))
+            grown.append((r0, r))
         ops.append(r)
     pattern = _index_pattern(hi.stack.path)
     add = hi.last_block
@@ -247,6 +249,9 @@ def extend(hi: Trace) -> Trace | None:
         alloc_events=[], memory_log=log, event_blocks=None, marks=[], gradients_made=[],
         timeline=[], **{k: type(getattr(hi, k))(getattr(hi, k) + v) for k, v in add.items()})
     out.derived["extended"] = True
+    # what one block added, for `stitch`: the ops it runs, and the multi-tensor ops it grew
+    # (what _block_delta would find comparing the two op lists: 1.1 s of a 70B plan)
+    out.derived["one_more"] = (hi, more, grown)
     return out
 
 
@@ -575,6 +580,9 @@ def _split_turns(runs, events, T: int, P: int):
     return out
 
 
+_LOGS: dict[tuple, tuple] = {}
+
+
 def whole_log(hi: Trace, blocks: int) -> list[tuple] | None:
     """The memory log (trace/counters.py) of the step with `blocks` blocks in its stack, from
     the HIGH-block trace's: its events repeated as `whole_events` repeats them, each with its
@@ -585,7 +593,33 @@ def whole_log(hi: Trace, blocks: int) -> list[tuple] | None:
     after the first step) changes the copies' too; the peaks' reset after a template event
     (the warm-up's last gradient freed) comes after its last copy. None where the events do
     not repeat, or a change inside the template names a tensor the copies have no counterpart
-    of."""
+    of.
+
+    Made once per log structure: what is repeated where depends on the order of the events,
+    their blocks and the tensors they name, not on their sizes, and the traces of one step at
+    other micro-batches (anchors, and those read off their line: interpolate.py) share all
+    of that; each gets the first one's whole log with its own sizes (the log's walk was most
+    of `extend`'s time in a warm plan over many platforms)."""
+    shape = tuple(e if e[0] != ALLOC else (ALLOC, e[1], e[3], e[4]) for e in hi.memory_log)
+    tags = tuple(hi.event_blocks) if hi.event_blocks is not None else None
+    key = (hash(shape), hash(tags), blocks)
+    hit = _LOGS.get(key)
+    if hit is None or hit[0] != shape or hit[1] != tags:
+        if len(_LOGS) > 64:            # it keeps each log alive: bounded
+            _LOGS.clear()
+        made = _whole_log(hi, blocks)
+        _LOGS[key] = (shape, tags) + (made or (None, None))
+        return None if made is None else made[0]
+    log, sources = hit[2:]
+    if log is None:
+        return None
+    size = {e[1]: e[2] for e in hi.memory_log if e[0] == ALLOC}
+    return [e if s is None else (ALLOC, e[1], size[s], e[3], e[4]) for e, s in zip(log, sources)]
+
+
+def _whole_log(hi: Trace, blocks: int) -> tuple[list[tuple], list[int | None]] | None:
+    """(`whole_log`, for each of its entries the serial in `hi`'s log that an allocation
+    copies, else None), or None."""
     plan = _plan_of(hi)
     if plan is None or blocks <= HIGH:
         return None
@@ -615,9 +649,11 @@ def whole_log(hi: Trace, blocks: int) -> list[tuple] | None:
     last_at = {e: j for j, (e, _k) in enumerate(src)}
     out: list[tuple] = list(after.get(-1, ()))
     alive: set[int] = set()
+    copied: dict[int, int] = {}          # index in `out` of an allocation -> serial it copies
     for j, ((serial, nbytes), (e, k)) in enumerate(zip(events, src)):
         ent = entry[e]
         if ent[0] == ALLOC:
+            copied[len(out)] = ent[1]
             out.append((ALLOC, serial, ent[2], ent[3], ent[4]))
             alive.add(serial)
         elif serial in alive:
@@ -647,7 +683,7 @@ def whole_log(hi: Trace, blocks: int) -> list[tuple] | None:
                 out.append(x)
                 if x[0] == RETAG and copy_of(x[1], HIGH) is not None:
                     out.extend((RETAG, copy_of(x[1], k), x[2]) for k in range(HIGH, blocks))
-    return out
+    return out, [copied.get(j) for j in range(len(out))]
 
 
 def whole_forward(tr):

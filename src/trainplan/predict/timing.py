@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -103,13 +104,16 @@ def summarize(trace) -> OpTable:
     if "op_table" in memo:
         return memo["op_table"]
     agg: dict[tuple, int] = {}
-    for o in trace.ops:
+    # a trace stitched from a cut one holds each of the last block's records once per block
+    # (predict/depth.py): each record's key is made once, its count from the ids, in C
+    times = Counter(map(id, trace.ops))
+    for o in {id(o): o for o in trace.ops}.values():     # in order of first appearance
         if o.flops == 0 and o.bytes == 0:
             continue
         key = (o.name, FAMILIES.index(o.family), DTYPES.get(o.dtype, 3), PHASES.index(o.phase),
                "convolution" in o.name, float(o.flops), float(o.bytes),
                int(getattr(o, "group_channels", 0)))
-        agg[key] = agg.get(key, 0) + 1
+        agg[key] = agg.get(key, 0) + times[id(o)]
     keys = list(agg) or [("none", 2, 3, 0, False, 0.0, 0.0, 0)]
     arr = list(zip(*keys))
     table = OpTable(np.array(arr[0], dtype=object), np.array(arr[1]), np.array(arr[2]),
