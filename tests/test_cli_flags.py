@@ -64,6 +64,22 @@ def test_version_prints_the_package_version(capsys):
     assert capsys.readouterr().out.strip() == f"trainplan {metadata.version('trainplan')}"
 
 
+def test_help_version_and_a_missing_job_file_answer_without_loading_pytorch(tmp_path):
+    # a newcomer's first commands: `--help`, `--version`, a command's `--help`, a job file that
+    # is not there; each answers in a fraction of a second where importing torch takes seconds
+    import subprocess
+    import sys
+    probe = ("import sys\nfrom trainplan.cli.main import main\n"
+             "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
+             "print('torch' in sys.modules, code, file=sys.stderr)")
+    for argv, code in ((["--help"], 0), (["--version"], 0), (["plan", "--help"], 0),
+                       (["estimate", "--help"], 0), (["export", "--help"], 0),
+                       (["plan", str(tmp_path / "none.yaml")], 2)):
+        r = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True,
+                           timeout=120)
+        assert r.stderr.strip().splitlines()[-1] == f"False {code}", (argv, r.stderr[-500:])
+
+
 def test_verbose_before_or_after_the_command():
     p = build_parser()
     assert p.parse_args(["--verbose", "catalog"]).verbose is True

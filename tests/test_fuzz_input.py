@@ -195,7 +195,7 @@ def test_fuzzed_example_jobs_parse_or_say_why(tmp_path_factory, case):
     path = tmp_path_factory.mktemp("fz") / name
     path.write_text(yaml.safe_dump(job))
     argv = ["estimate", str(path)]
-    with mock.patch("trainplan.cli.estimate_cmd.estimate", side_effect=_Validated):
+    with mock.patch("trainplan.estimate.estimate", side_effect=_Validated):
         assert_clean(*run_cli(argv), argv)
 
 

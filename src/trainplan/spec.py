@@ -27,7 +27,7 @@ from . import strategy as strat_mod
 from .algorithm import Rollout
 from .campaign import CampaignSpec
 from .errors import TrainplanError, close_matches
-from .models.reference import TransformerDims
+from .models.dims import TransformerDims
 from .precision import FP32, Precision
 from .quantization import Quantization
 from .strategy import DDP, SINGLE, Strategy

@@ -10,8 +10,6 @@ import json
 
 from ..accelerators import get_accelerator
 from ..errors import TrainplanError
-from ..estimate import estimate, generation_to_json, to_json
-from ..measure.calibrate import user_calibration
 from .common import add_job_flags, job_from_args
 
 
@@ -37,6 +35,8 @@ def estimate_command(args: argparse.Namespace) -> int:
     if not job.gpu:
         raise TrainplanError("estimate needs an accelerator.",
                              fix="add --gpu ID (list them with `trainplan catalog`)")
+    from ..estimate import estimate, to_json          # PyTorch: imported once a job is read
+    from ..measure.calibrate import user_calibration
     accel = get_accelerator(job.gpu)
     est = estimate(job, accel, user_calibration())
     if args.format == "json":
@@ -49,6 +49,7 @@ def estimate_command(args: argparse.Namespace) -> int:
 
 def generate_command(args: argparse.Namespace) -> int:
     """`estimate --task generate`: the generation model alone (predict/generation.py)."""
+    from ..estimate import generation_to_json
     from ..predict.generation import estimate_generation
     engine = args.engine or "hf"
     if engine not in ("hf", "vllm", "vllm-colocate", "vllm-server"):

@@ -7,9 +7,6 @@ import argparse
 import json
 
 from ..accelerators import get_accelerator
-from ..predict.target import semantics_for
-from ..trace.semantics import KernelSemantics
-from ..trace.tracer import trace_step
 from ..errors import TrainplanError
 from .common import add_job_flags, job_from_args
 
@@ -46,10 +43,11 @@ def _positional(args: argparse.Namespace) -> str | None:
 
 
 def trace_for(args):
+    from ..predict.target import semantics_for      # PyTorch: imported once a job is read
+    from ..trace.tracer import trace_step
     job = job_from_args(args, _positional(args))
     accel = get_accelerator(job.gpu or DEFAULT_TARGET)
-    sem: KernelSemantics = semantics_for(job, accel)
-    return job, accel, trace_step(job, sem)
+    return job, accel, trace_step(job, semantics_for(job, accel))
 
 
 def inspect_command(args: argparse.Namespace) -> int:

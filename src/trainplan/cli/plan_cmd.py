@@ -133,7 +133,6 @@ def campaign_spec(args: argparse.Namespace, job):
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    from ..plan import make_plan
     path = args.job_file_pos or (None if getattr(args, "model", None) or args.job_file else _default_job())
     job = job_from_args(args, path)
     for name in ("steps", "dataset_size", "target_batch"):
@@ -152,7 +151,7 @@ def plan_command(args: argparse.Namespace) -> int:
     spec = campaign_spec(args, job)
     # --- reports (issue 6): progress on stderr, extras for md/json/html, then the output ---
     from ..measure.calibrate import user_calibration
-    from ..plan import Planner
+    from ..plan import Planner, make_plan
     from ..plan.extras import plan_extras
     from ..report.plan_output import emit_plan, needs_curves, report_format
     from ..report.plan_rich import tracing_progress

@@ -9,13 +9,26 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from ..errors import TrainplanError
 from ..paths import atomic_write
-from .common import Launch, launch_from_plan
+
+if TYPE_CHECKING:
+    from .common import Launch
 
 KINDS = ("torchrun", "accelerate", "deepspeed", "slurm", "skypilot", "kaggle", "colab")
 
 __all__ = ["KINDS", "Launch", "launch_from_plan", "render", "write"]
+
+
+def __getattr__(name: str):
+    """`Launch` and `launch_from_plan`, from common.py when first asked for: it reads a plan
+    (and imports PyTorch), which the command line's parser, reading KINDS, does not need."""
+    if name in ("Launch", "launch_from_plan"):
+        from . import common
+        return getattr(common, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def render(ln: Launch, kind: str, *, job_text: str | None = None, dataset: str | None = None,

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..algorithm import sequences_per_sample
 from ..errors import TrainplanError
+
+if TYPE_CHECKING:      # imported where a model is built: naming one (spec.py, the command
+    import torch       # line's parser, `--help`) does not load PyTorch
 
 SOURCES = ("hf:", "timm:", "torchvision:", "transformer", "py:")
 
@@ -90,6 +91,7 @@ def stack_hint(job) -> int | None:
 
 def loss_from_output(out, inputs) -> torch.Tensor:
     """HF-style outputs carry `.loss`; a bare tensor output is the loss (or logits, reduced)."""
+    import torch
     if isinstance(out, torch.Tensor):
         return out if out.dim() == 0 else out.float().mean()
     loss = getattr(out, "loss", None)

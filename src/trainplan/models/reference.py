@@ -13,33 +13,12 @@ GELU MLP 2 h f; SwiGLU 3 h f; two norms 2h (LayerNorm 4h with bias).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-@dataclass(frozen=True)
-class TransformerDims:
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int | None = None      # default 4h
-    vocab_size: int = 32000
-    num_kv_heads: int | None = None
-    kind: str = "encoder"                      # encoder | decoder
-    norm: str = "layernorm"                    # layernorm | rmsnorm
-    activation: str = "gelu"                   # gelu | swiglu
-    positional_encoding: str = "learned"       # learned | rotary | alibi
-    max_position_embeddings: int = 4096
-    tie_embeddings: bool = True
-    dropout: float = 0.1
-    bias: bool = True
-
-    @property
-    def ffn(self) -> int:
-        return self.intermediate_size or 4 * self.hidden_size
+from .dims import TransformerDims
 
 
 class RMSNorm(nn.Module):
