@@ -5,8 +5,10 @@ Run: python scripts/cold_floor.py [trainplan plan arguments]
      (default: the 70B job over every platform that scripts/bench_plan.py runs)
 
 It plans once on an empty store (cold), removes from that store the traces of the job's own
-step (no checkpointing, no LoRA or quantisation, its own optimizer and sequence length: what
-the plan traces first), then plans again twice: the time of the second run is what a plan costs
+step (what the plan traces first: read off the stored traces as those with no checkpointed
+block, no LoRA module and the job's sequence length; a rung that changed only the optimizer
+would pass too, which the default job's ladder does not have: its 8-bit rung comes after full
+checkpointing), then plans again twice: the time of the second run is what a plan costs
 when every rung it climbs is free and only its first round is traced (python, torch and
 trainplan start-up, the first trace in each worker with its imports, planning the platforms,
 output); the third, everything stored, is the warm time. Each run is a fresh process, output to
@@ -34,7 +36,8 @@ def _plan(args: list[str], folder: str) -> float:
 
 
 def _base_step(tr, seq_len: int | None) -> bool:
-    """The job's own step: no rung of the fix ladder applied to it."""
+    """The job's own step: no rung of the fix ladder applied to it (a training step: a
+    generation forward holds no optimizer state)."""
     return (not tr.checkpointed_blocks and not tr.lora_modules and tr.seq_len == seq_len
             and tr.optimizer_state_bytes > 0)
 

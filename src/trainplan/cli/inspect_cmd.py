@@ -43,9 +43,9 @@ def _positional(args: argparse.Namespace) -> str | None:
 
 
 def trace_for(args):
+    job = job_from_args(args, _positional(args))
     from ..predict.target import semantics_for      # PyTorch: imported once a job is read
     from ..trace.tracer import trace_step
-    job = job_from_args(args, _positional(args))
     accel = get_accelerator(job.gpu or DEFAULT_TARGET)
     return job, accel, trace_step(job, semantics_for(job, accel))
 

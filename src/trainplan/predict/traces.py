@@ -359,9 +359,9 @@ class Traces:
 
     def _held(self, job, sem: KernelSemantics, batch: int, depth: int | None) -> bool:
         """Whether the trace is in this cache, after reading it from the disk store or taking
-        its attention twin's where it is there (as `fill` would before tracing anything). While
-        deferring, `prefetch` defers only what is not: a memory curve (`made_only`) reads the
-        traces an earlier run stored as the run that made them does."""
+        its attention twin's where it is there: what `fill` traces only where it is not, and
+        `prefetch`, while deferring, defers only where it is not (so a memory curve, within
+        `made_only`, reads the traces an earlier run stored as the run that made them does)."""
         key = self._key(job, sem, depth)
         if key + (batch,) not in self._exact and key + (batch,) not in self._absent:
             self._load(key, job, sem, batch, depth)
@@ -400,14 +400,7 @@ class Traces:
         fwd = list({key: (request, keep) for key, request, keep in forwards}.values())
         if len(todo) + len(fwd) < at_least:
             return
-        names = {}
-        for key, tj, sem, batch, depth in todo:
-            names[key] = self._load(key[:-1], tj, sem, batch, depth)
-            if key not in self._exact:
-                shared = self._shared(tj, sem, batch, depth)
-                if shared is not None:
-                    self._store(key[:-1], batch, shared)
-        todo = [r for r in todo if r[0] not in self._exact]
+        todo = [r for r in todo if not self._held(*r[1:])]
         if not todo and not fwd:
             return
         first, then = self._pairs(todo)
@@ -440,13 +433,13 @@ class Traces:
         for (_request, keep), tr in zip(fwd, results[steps:]):
             keep(tr)
         for i, ((key, tj, sem, _b, _d), tr) in enumerate(zip(first, results)):
-            self._keep(key, names.get(key), tj, sem, tr, True)
+            self._keep(key, tj, sem, tr, True)
             if i in then:
                 fkey, ftj, fsem = then[i][:3]
                 if more[i] is not None or not isinstance(tr, Trace):
-                    self._keep(fkey, names.get(fkey), ftj, fsem, more[i], True)
+                    self._keep(fkey, ftj, fsem, more[i], True)
                 else:                     # the same step (policy: not made)
-                    self._keep(fkey, names.get(fkey), ftj, fsem, _as(tr, fsem), False)
+                    self._keep(fkey, ftj, fsem, _as(tr, fsem), False)
 
     def _pairs(self, todo: list[tuple]) -> tuple[list[tuple], dict[int, tuple]]:
         """(requests, {i: the flash request that waits for request i}): a flash request whose
@@ -475,12 +468,11 @@ class Traces:
                 then[at[id(todo[m])]] = todo[n]
         return first, then
 
-    def _keep(self, key: tuple, name: str | None, tj, sem: KernelSemantics, tr,
-              traced: bool) -> None:
+    def _keep(self, key: tuple, tj, sem: KernelSemantics, tr, traced: bool) -> None:
         """A trace from `fill` (`traced`: made, not shared): cached, stored on disk, learnt
         from; a failure (or none) recorded as failed."""
         if isinstance(tr, Trace):
-            store.save(name or store.key(tj, sem, key[-1], key[-2]), tr)
+            store.save(store.key(tj, sem, key[-1], key[-2]), tr)
             self._store(key[:-1], key[-1], tr, "traced" if traced else None)
             self._learn(tj, sem, tr)
         else:
