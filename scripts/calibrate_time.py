@@ -266,7 +266,7 @@ def extra_source(source_id: str) -> str:
 
 
 def _extra_skip(r: dict) -> str | None:
-    from trainplan.models.hf import bundled_index
+    from trainplan.models.hf_names import bundled_index
     ck, notes = r["activation_checkpointing"], r["notes"].lower()
     if "compile" in r["source_id"]:
         return "torch.compile (fused kernels) is not modelled"

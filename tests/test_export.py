@@ -18,7 +18,7 @@ import yaml
 from trainplan.errors import TrainplanError
 from trainplan.export import launch_from_plan, render, write
 from trainplan.plan import make_plan, select_platforms
-from trainplan.plan.build import platforms_with
+from trainplan.platforms import platforms_with
 from trainplan.spec import load_job
 
 JOB = """name: tiny

@@ -154,7 +154,7 @@ def test_config_that_is_not_an_object(tmp_path, top):
 
 
 def test_every_bundled_config_passes_the_checks():
-    from trainplan.models.hf import bundled_ids, load_config_dict
+    from trainplan.models.hf_names import bundled_ids, load_config_dict
     from trainplan.models.hf_validate import check_fields_match, check_model_ref
     for hub_id in bundled_ids():
         check_model_ref(f"hf:{hub_id}")

@@ -3,7 +3,8 @@ import pytest
 
 from conftest import tiny_job
 from trainplan.accelerators import get_accelerator
-from trainplan.models.hf import load_config_dict, make_config
+from trainplan.models.hf import make_config
+from trainplan.models.hf_names import load_config_dict
 from trainplan.predict.generation import estimate_generation, step_cost
 from trainplan.predict.target import semantics_for
 from trainplan.predict.timing import load_efficiency

@@ -7,7 +7,7 @@ from datetime import date
 from pathlib import Path
 
 from trainplan.accelerators import load_accelerators
-from trainplan.models.hf import bundled_index
+from trainplan.models.hf_names import bundled_index
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV = ROOT / "validation" / "data" / "published_generation.csv"

@@ -22,8 +22,9 @@ import pytest
 from trainplan.cli.main import main
 from trainplan.errors import TrainplanError
 from trainplan.models import build_model, hub
-from trainplan.models.hf import (ALIASES, bundled_ids, bundled_index, close_ids, known_ids,
-                                 load_config_dict, normalize_model_ref, resolve_config)
+from trainplan.models.hf_names import (ALIASES, bundled_ids, bundled_index, close_ids,
+                                       known_ids, load_config_dict, normalize_model_ref,
+                                       resolve_config)
 from trainplan.spec import Job, validate
 
 CONFIG_DIR = Path(__file__).parents[1] / "src/trainplan/models/hf_configs"

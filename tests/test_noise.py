@@ -45,7 +45,8 @@ def test_vlm_config_warnings_only_when_verbose(verbose):
     """Qwen2.5-VL's config warns about rope_scaling/mrope as transformers builds it (six times in
     a plan of examples/chart-rvr-grpo.yaml before): heard only with --verbose. In a fresh
     process: transformers warns once per process."""
-    code = ("from trainplan.models.hf import load_config_dict, make_config\n"
+    code = ("from trainplan.models.hf import make_config\n"
+            "from trainplan.models.hf_names import load_config_dict\n"
             "from trainplan.models.hf_import import third_party_output\n"
             f"with third_party_output({verbose}):\n"
             "    make_config(load_config_dict('Qwen/Qwen2.5-VL-3B-Instruct')[0])\n")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainplan.models import build_model
-from trainplan.models.hf import bundled_ids
+from trainplan.models.hf_names import bundled_ids
 from trainplan.spec import Job
 from trainplan.trace.tracer import count_parameters
 

@@ -221,7 +221,7 @@ def test_catalog_fits_80_columns_with_ids_whole(capsys, cols80, what):
     assert not leaks(out), leaks(out)[:5]
     assert "…" not in out
     if what == "models":
-        from trainplan.models.hf import bundled_index
+        from trainplan.models.hf_names import bundled_index
         ids = [r["hub_id"] for r in bundled_index().values()]
     elif what == "platforms":
         from trainplan.platforms import load_platforms

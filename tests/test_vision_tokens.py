@@ -201,7 +201,8 @@ def test_inputs_reproduce_the_models_own_forward(tmp_path):
     """On a real (small, random) model the built inputs, with the host-precomputed rotary and
     window layouts and M-RoPE positions, give the logits transformers computes from ids, grid and
     token types alone: the precomputation is the model's own."""
-    from trainplan.models.hf import _from_config, make_config, resolve_config
+    from trainplan.models.hf import _from_config, make_config
+    from trainplan.models.hf_names import resolve_config
     ref = small_qwen_vl(tmp_path)
     bundle = build_model(validate(Job(model=ref, batch_size=1, seq_len=128, image_size=224)))
     config = make_config(resolve_config(ref[3:])[0])

@@ -248,3 +248,67 @@ def get_platform(name: str, extra_file: str | None = None) -> Platform:
         if pid.lower() == key:
             return p
     raise unknown("platform", name, platforms, hint="run `trainplan catalog` to list them")
+
+
+def select_platforms(ids: list[str] | tuple[str, ...] | None, platforms_file: str | None = None
+                     ) -> list[Platform]:
+    """Platforms by id (case-insensitive, retired ones too), or all current ones."""
+    catalog = load_platforms(platforms_file)
+    if not ids:
+        return [p for p in catalog.values() if p.is_current]
+    lower = {k.lower(): p for k, p in catalog.items()}
+    out = []
+    for i in ids:
+        p = lower.get(str(i).strip().lower())
+        if p is None:
+            raise unknown("platform", str(i), catalog,
+                          hint="list them with `trainplan catalog platforms`, or add your own with "
+                               "--platforms-file")
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def platforms_with(gpu: str | None, gpus: int | None, platforms_file: str | None = None
+                   ) -> list[Platform]:
+    """The current platforms with `gpus` units of accelerator `gpu` (`trainplan plan --gpu H100
+    --gpus 4`); either may be None (any). When the catalog (plus `platforms_file`) has none with
+    both, one is built from the accelerator catalog (`built_platform`)."""
+    catalog = load_platforms(platforms_file)
+    accel = get_accelerator(gpu) if gpu else None
+    if gpus is not None and gpus < 1:
+        raise TrainplanError(f"--gpus must be a positive integer, got {gpus}.")
+    found = [p for p in catalog.values() if p.is_current
+             and (accel is None or p.accelerator_id == accel.id)
+             and (gpus is None or p.accelerator_count == gpus)]
+    if found:
+        return found
+    if accel is None:
+        counts = sorted({p.accelerator_count for p in catalog.values() if p.is_current})
+        raise TrainplanError(f"No current platform has {gpus} accelerators.",
+                             allowed="counts: " + ", ".join(map(str, counts)),
+                             fix="add --gpu ID to plan on that many of one accelerator")
+    return [built_platform(accel, gpus or 1, catalog)]
+
+
+def built_platform(accel, count: int, catalog: dict[str, Platform]) -> Platform:
+    """`count` x `accel` where no catalog platform offers it: no session or quota limits (as a
+    cloud instance or own hardware); priced per accelerator-hour from the cheapest current priced
+    catalog platform with that accelerator, else $0 (said in `notes`)."""
+    priced = sorted((p.usd_per_hour / p.accelerator_count, p.id) for p in catalog.values()
+                    if p.is_current and p.accelerator_id == accel.id and p.usd_per_hour > 0)
+    if priced:
+        rate, source = priced[0]
+        price = f"price: {count} x ${rate:.2f}/h per accelerator, as on {source}"
+    else:
+        rate, price = 0.0, "price unknown: no catalog platform sells this accelerator; cost shows $0"
+    return Platform(
+        id=f"{accel.id}-x{count}", provider="built", name=f"{count} x {accel.name}",
+        accelerator_id=accel.id, accelerator_count=count, status="current", status_as_of=None,
+        retired_on=None, session_max_s=None, idle_timeout_s=None, weekly_quota_s=None,
+        quota_kind="none", ram_bytes=None, cpu_cores=None, disk_bytes=None,
+        output_file_limit=None, usd_per_hour=rate * count, usd_per_month=None,
+        compute_units_per_hour=None, usd_per_compute_unit=None, background_execution=True,
+        notes=f"built from the accelerator catalog for --gpu/--gpus (no catalog platform has "
+              f"{count} x {accel.id}); no session, quota or host limits; {price}",
+        sources=("--gpu/--gpus",), as_of=None)

@@ -493,7 +493,7 @@ def _positive_int(name: str, value, allow_none=False) -> None:
 
 def validate(job: Job) -> Job:
     """Check every setting; normalise aliases. Raises TrainplanError naming the bad setting."""
-    from .models.hf import normalize_model_ref      # `path/config.json` -> `hf:path/config.json`
+    from .models.hf_names import normalize_model_ref   # `path/config.json` -> `hf:path/config.json`
     job = job.with_(model=normalize_model_ref(job.model))
     name = str(job.optimizer).lower().replace("_", "-")
     job = job.with_(optimizer=OPTIMIZER_ALIASES.get(name, name))

@@ -35,9 +35,9 @@ def estimate_command(args: argparse.Namespace) -> int:
     if not job.gpu:
         raise TrainplanError("estimate needs an accelerator.",
                              fix="add --gpu ID (list them with `trainplan catalog`)")
-    from ..estimate import estimate, to_json          # PyTorch: imported once a job is read
-    from ..measure.calibrate import user_calibration
     accel = get_accelerator(job.gpu)
+    from ..estimate import estimate, to_json          # PyTorch: imported once the input is read
+    from ..measure.calibrate import user_calibration
     est = estimate(job, accel, user_calibration())
     if args.format == "json":
         print(json.dumps(to_json(est), indent=2))
@@ -49,8 +49,6 @@ def estimate_command(args: argparse.Namespace) -> int:
 
 def generate_command(args: argparse.Namespace) -> int:
     """`estimate --task generate`: the generation model alone (predict/generation.py)."""
-    from ..estimate import generation_to_json
-    from ..predict.generation import estimate_generation
     engine = args.engine or "hf"
     if engine not in ("hf", "vllm", "vllm-colocate", "vllm-server"):
         raise TrainplanError(f"--engine {engine!r} is not one trainplan models.",
@@ -66,6 +64,8 @@ def generate_command(args: argparse.Namespace) -> int:
     prompt = rollout["prompt_len"] or job.seq_len or 512
     completion = rollout["completion_len"] or 256
     accel = get_accelerator(job.gpu)
+    from ..estimate import generation_to_json          # PyTorch: imported once the input is read
+    from ..predict.generation import estimate_generation
     g = estimate_generation(job, accel, prompts=job.batch_size,
                             generations_per_prompt=rollout["generations"] or 1,
                             prompt_len=prompt, completion_len=completion,

@@ -35,9 +35,7 @@ def export_command_parser(sub) -> None:
 
 
 def export_command(args: argparse.Namespace) -> int:
-    from ..export import launch_from_plan, render, write
-    from ..plan import make_plan, select_platforms
-    from ..plan.build import platforms_with
+    from ..platforms import platforms_with, select_platforms
     path = args.job_file_pos or args.job_file
     job = job_from_args(args, path)
     if args.steps is not None:
@@ -54,6 +52,8 @@ def export_command(args: argparse.Namespace) -> int:
     else:
         raise TrainplanError("No platform to export for.",
                              fix="add --platform ID (trainplan catalog platforms) or --gpu ID --gpus N")
+    from ..export import launch_from_plan, render, write     # the planner: after the input is read
+    from ..plan import make_plan
     plan = make_plan(job, platforms)
     pp = plan.platforms[0]
     ln = launch_from_plan(plan, pp, job, job_file=path, script=args.script)

@@ -101,8 +101,7 @@ def runnable(plan) -> bool:
 
 def _platforms(args: argparse.Namespace, job):
     """--platforms; else --gpu/--gpus given on the command line; else the job's; else all."""
-    from ..plan import select_platforms
-    from ..plan.build import platforms_with
+    from ..platforms import platforms_with, select_platforms
     by_accelerator = args.gpu is not None or args.gpus is not None
     if args.platforms and by_accelerator:
         raise TrainplanError("--platforms and --gpu/--gpus both choose the platforms.",

@@ -174,7 +174,7 @@ def check_model_ref(model: str) -> None:
     other sources. Called when the job is validated, before anything is traced."""
     if not model.startswith("hf:"):
         return
-    from .hf import load_config_dict
+    from .hf_names import load_config_dict
     cfg, auto_class, canonical = load_config_dict(model[3:])
     check_config(cfg, canonical)
     if auto_class is None:          # a local file (bundled configs are known to match)
@@ -220,7 +220,7 @@ def guarded(build: Callable) -> Callable:
     transformers raises while building into a TrainplanError naming the config."""
     @functools.wraps(build)
     def build_checked(job, *args, **kwargs):
-        from .hf import load_config_dict
+        from .hf_names import load_config_dict
         cfg, _, source = load_config_dict(job.model[3:])
         check_config(cfg, source)
         check_fields_match(cfg, source)

@@ -62,7 +62,7 @@ def print_catalog(what: str, fmt: str, platforms_file: str | None = None) -> Non
                  fmt_usd(p.usd_per_hour), escape(str(p.as_of))] for p in plats]
         c.print(fit_table(cols, body, c.width, "platforms"))
     else:
-        from ..models.hf import bundled_index
+        from ..models.hf_names import bundled_index
         rows = list(bundled_index().values())
         if fmt == "json":
             print(json.dumps(rows, indent=2))

@@ -84,7 +84,7 @@ def _model_fingerprint(job) -> str | None:
         path = entry_file(job)
         return None if path is None else json.dumps(digests([path]))
     if job.model.startswith("hf:"):
-        from ..models.hf import load_config_dict
+        from ..models.hf_names import load_config_dict
         try:
             cfg = load_config_dict(job.model[3:])[0]
         except Exception:     # building the model will say why; nothing to store
