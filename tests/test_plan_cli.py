@@ -65,6 +65,8 @@ def test_budget_and_deadline_exclude_and_say_why(capsys, job):
 
 @pytest.mark.parametrize("argv, words", [
     (["--platforms", "kaggle-t4"], ["Unknown platform", "kaggle-t4x2"]),
+    # a suggestion no longer offered says so (Kaggle retired its P100 on 2026-09-15)
+    (["--platforms", "kaggle-p10"], ["'kaggle-p100' (retired 2026-09-15)", "'kaggle-t4x2',"]),
     (["--platforms", "local-rtx-3090", "--epochs", "2"], ["--dataset-size"]),
     (["--platforms", "local-rtx-3090", "--budget", "-1"], ["--budget"]),
     (["--platforms", "local-rtx-3090", "--steps", "0"], ["--steps"]),

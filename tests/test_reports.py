@@ -412,3 +412,6 @@ def test_units_helpers():
     assert fmt_value("int", 10000) == "10,000" and fmt_value("percent", 0.1887) == "18.9%"
     assert fmt_value("rate", 94.94) == "94.9" and fmt_value("rate", 72909.4) == "72,909"
     assert fmt_value("bool", None) == "-" and fmt_value("bool", False) == "no"
+    # no bytes at all (a TPU's gradients at a forward peak, no headroom) read as none, not as an
+    # amount rounded down ("0.0 KiB" before)
+    assert fmt_bytes(0) == "0 B" and fmt_bytes(512) == "0.5 KiB" and fmt_bytes(3 * GiB) == "3.00 GiB"

@@ -6,7 +6,7 @@ The CLI turns a `TrainplanError` into one message on stderr and exit code 2
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 class TrainplanError(Exception):
@@ -39,12 +39,15 @@ def close_matches(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
     return [lowered[h] for h in hits]
 
 
-def unknown(kind: str, name: str, choices: Iterable[str], hint: str | None = None) -> TrainplanError:
-    """`unknown("GPU", "t5", catalog_ids)` -> error naming close matches."""
+def unknown(kind: str, name: str, choices: Iterable[str], hint: str | None = None,
+            note: Callable[[str], str] | None = None) -> TrainplanError:
+    """`unknown("GPU", "t5", catalog_ids)` -> error naming close matches; `note(choice)` adds
+    a word after a match (a retired platform: "(retired 2026-09-15)")."""
     choices = sorted(set(choices))
     matches = close_matches(name, choices)
     what = f"Unknown {kind} {name!r}."
     if matches:
-        what += " Did you mean " + ", ".join(repr(m) for m in matches) + "?"
+        what += " Did you mean " + ", ".join(repr(m) + (note(m) if note else "")
+                                             for m in matches) + "?"
     shown = ", ".join(choices[:40]) + (" ..." if len(choices) > 40 else "")
     return TrainplanError(what, allowed=shown, fix=hint)

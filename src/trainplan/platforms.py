@@ -250,6 +250,16 @@ def get_platform(name: str, extra_file: str | None = None) -> Platform:
     raise unknown("platform", name, platforms, hint="run `trainplan catalog` to list them")
 
 
+def _status_note(p: Platform) -> str:
+    """What follows a platform no longer offered where it is suggested: " (retired 2026-09-15)",
+    or " (retired as of 2026-09-17)" where only the date it was known is; "" for a current one."""
+    if p.is_current:
+        return ""
+    if p.retired_on:
+        return f" ({p.status} {p.retired_on})"
+    return f" ({p.status} as of {p.status_as_of})"
+
+
 def select_platforms(ids: list[str] | tuple[str, ...] | None, platforms_file: str | None = None
                      ) -> list[Platform]:
     """Platforms by id (case-insensitive, retired ones too), or all current ones."""
@@ -263,7 +273,7 @@ def select_platforms(ids: list[str] | tuple[str, ...] | None, platforms_file: st
         if p is None:
             raise unknown("platform", str(i), catalog,
                           hint="list them with `trainplan catalog platforms`, or add your own with "
-                               "--platforms-file")
+                               "--platforms-file", note=lambda m: _status_note(catalog[m]))
         if p not in out:
             out.append(p)
     return out

@@ -14,9 +14,12 @@ def gib(n_bytes: float) -> float:
 
 
 def fmt_bytes(n_bytes: float | None) -> str:
-    """Human-readable memory, GiB for anything over 1 GiB, MiB below."""
+    """Human-readable memory, GiB for anything over 1 GiB, MiB below, KiB below that; none at
+    all is "0 B" (not "0.0 KiB", which reads as a rounded-down amount)."""
     if n_bytes is None:
         return "-"
+    if n_bytes == 0:
+        return "0 B"
     if abs(n_bytes) >= GiB:
         return f"{n_bytes / GiB:.2f} GiB"
     if abs(n_bytes) >= MiB:
