@@ -9,6 +9,11 @@ Units: seconds, bytes, USD. An empty cell is None: for limits it means "no limit
 local) or "not published" -- the row's `notes` says which. Every built-in row cites IDs in
 `data/SOURCES.md` and has an `as_of` date.
 
+Which platforms a command covers is chosen here too, from the catalog alone (no PyTorch, so a
+misspelt id is answered at once): `select_platforms(ids)` for `--platforms` (retired ones
+included, all current ones for none) and `platforms_with(gpu, gpus)` for `--gpu/--gpus` (a
+platform built from the accelerator catalog where no row has that many).
+
 Users add or override rows with a YAML file (`--platforms-file`): a list of mappings with the
 same field names (or a mapping with a `platforms:` list). Required: id, name, accelerator_id,
 accelerator_count, usd_per_hour. A user row whose id equals a built-in id replaces it.
