@@ -94,6 +94,7 @@ def test_misspelt_names_are_answered_without_loading_pytorch(tmp_path):
     cases = ((["plan", "--model", "hf:gpt3"], "hf:openai-community/gpt2"),
              (["estimate", "--model", "hf:Llama-3.2-1", "--gpu", "t4"], "hf:meta-llama/Llama-3.2-1B"),
              (["inspect", "--model", "hf:bert-larg"], "Did you mean"),
+             (["inspect", "--model", "hf:gpt2", "--gpu", "t5"], "'t4'"),
              (["plan", "--model", "hf:gpt2", "--gpu", "h1000"], "'h100-sxm'"),
              (["estimate", "--model", "hf:gpt2", "--gpu", "t5"], "Did you mean 't4'"),
              (["estimate", "--model", "hf:gpt2", "--task", "generate", "--gpu", "t5"], "'t4'"),

@@ -247,12 +247,18 @@ def load_platforms(extra_file: str | None = None) -> dict[str, Platform]:
 
 def get_platform(name: str, extra_file: str | None = None) -> Platform:
     """Look up a platform by id, case-insensitive; retired ones are returned too."""
-    platforms = load_platforms(extra_file)
-    key = name.strip().lower()
-    for pid, p in platforms.items():
+    return _find(load_platforms(extra_file), name, hint="run `trainplan catalog` to list them")
+
+
+def _find(catalog: dict[str, Platform], name: str, hint: str) -> Platform:
+    """The platform `name` names in `catalog` (case-insensitive, retired ones too), else an
+    error naming the close matches, each no longer offered with its status."""
+    key = str(name).strip().lower()
+    for pid, p in catalog.items():
         if pid.lower() == key:
             return p
-    raise unknown("platform", name, platforms, hint="run `trainplan catalog` to list them")
+    raise unknown("platform", str(name), catalog, hint=hint,
+                  note=lambda m: _status_note(catalog[m]))
 
 
 def _status_note(p: Platform) -> str:
@@ -271,14 +277,10 @@ def select_platforms(ids: list[str] | tuple[str, ...] | None, platforms_file: st
     catalog = load_platforms(platforms_file)
     if not ids:
         return [p for p in catalog.values() if p.is_current]
-    lower = {k.lower(): p for k, p in catalog.items()}
     out = []
     for i in ids:
-        p = lower.get(str(i).strip().lower())
-        if p is None:
-            raise unknown("platform", str(i), catalog,
-                          hint="list them with `trainplan catalog platforms`, or add your own with "
-                               "--platforms-file", note=lambda m: _status_note(catalog[m]))
+        p = _find(catalog, i, hint="list them with `trainplan catalog platforms`, or add your own "
+                                   "with --platforms-file")
         if p not in out:
             out.append(p)
     return out

@@ -28,6 +28,7 @@ from .algorithm import Rollout
 from .campaign import CampaignSpec
 from .errors import TrainplanError, close_matches
 from .models.dims import TransformerDims
+from .models.hf_names import normalize_model_ref
 from .precision import FP32, Precision
 from .quantization import Quantization
 from .strategy import DDP, SINGLE, Strategy
@@ -493,8 +494,7 @@ def _positive_int(name: str, value, allow_none=False) -> None:
 
 def validate(job: Job) -> Job:
     """Check every setting; normalise aliases. Raises TrainplanError naming the bad setting."""
-    from .models.hf_names import normalize_model_ref   # `path/config.json` -> `hf:path/config.json`
-    job = job.with_(model=normalize_model_ref(job.model))
+    job = job.with_(model=normalize_model_ref(job.model))   # `path/config.json` -> `hf:path/...`
     name = str(job.optimizer).lower().replace("_", "-")
     job = job.with_(optimizer=OPTIMIZER_ALIASES.get(name, name))
     _choice("optimizer", job.optimizer, OPTIMIZERS)

@@ -44,9 +44,9 @@ def _positional(args: argparse.Namespace) -> str | None:
 
 def trace_for(args):
     job = job_from_args(args, _positional(args))
-    from ..predict.target import semantics_for      # PyTorch: imported once a job is read
-    from ..trace.tracer import trace_step
     accel = get_accelerator(job.gpu or DEFAULT_TARGET)
+    from ..predict.target import semantics_for      # PyTorch: imported once the input is read
+    from ..trace.tracer import trace_step
     return job, accel, trace_step(job, semantics_for(job, accel))
 
 

@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable
 
 from ..errors import TrainplanError
+from .hf_names import load_config_dict
 
 # Sizes that must be positive whole numbers when present. The core ones (width, depth, heads,
 # vocabulary) may not be null either; the others may be null (transformers then derives them:
@@ -174,7 +175,6 @@ def check_model_ref(model: str) -> None:
     other sources. Called when the job is validated, before anything is traced."""
     if not model.startswith("hf:"):
         return
-    from .hf_names import load_config_dict
     cfg, auto_class, canonical = load_config_dict(model[3:])
     check_config(cfg, canonical)
     if auto_class is None:          # a local file (bundled configs are known to match)
@@ -220,7 +220,6 @@ def guarded(build: Callable) -> Callable:
     transformers raises while building into a TrainplanError naming the config."""
     @functools.wraps(build)
     def build_checked(job, *args, **kwargs):
-        from .hf_names import load_config_dict
         cfg, _, source = load_config_dict(job.model[3:])
         check_config(cfg, source)
         check_fields_match(cfg, source)

@@ -364,15 +364,16 @@ class Traces:
         `prefetch`, while deferring, defers only where it is not (so a memory curve, within
         `made_only`, reads the traces an earlier run stored as the run that made them does)."""
         key = self._key(job, sem, depth)
-        if key + (batch,) not in self._exact and key + (batch,) not in self._absent:
+        at = key + (batch,)
+        if at not in self._exact and at not in self._absent:
             self._load(key, job, sem, batch, depth)
-            if key + (batch,) not in self._exact:    # not stored: not looked for again (what
-                self._absent.add(key + (batch,))     # this process traces goes in _exact)
-        if key + (batch,) not in self._exact:
+            if at not in self._exact:    # not stored: not looked for again (what this process
+                self._absent.add(at)     # traces goes in _exact)
+        if at not in self._exact:
             shared = self._shared(job, sem, batch, depth)
             if shared is not None:
                 self._store(key, batch, shared)
-        return key + (batch,) in self._exact
+        return at in self._exact
 
     @staticmethod
     def asked(ask: Callable) -> list[tuple]:

@@ -33,6 +33,7 @@ import zlib
 from importlib import metadata
 from pathlib import Path
 
+from ..models.hf_names import load_config_dict
 from ..paths import cache_dir
 
 ENV = "TRAINPLAN_TRACE_CACHE"
@@ -84,7 +85,6 @@ def _model_fingerprint(job) -> str | None:
         path = entry_file(job)
         return None if path is None else json.dumps(digests([path]))
     if job.model.startswith("hf:"):
-        from ..models.hf_names import load_config_dict
         try:
             cfg = load_config_dict(job.model[3:])[0]
         except Exception:     # building the model will say why; nothing to store
