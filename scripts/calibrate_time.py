@@ -8,12 +8,16 @@ Rows (validation/data/, see validation/PROVENANCE.md), one `source` per publishe
   torchtitan         Llama-3-8B (64 A100-80GB), Llama 2 13B/70B and Llama 3 70B (docs/performance.md).
   fms-fsdp, fms-acceleration-a100, hf-docs, nemo-automodel-lora, peft-metamathqa-l40s:
                      published_throughput_extra.csv (the last two are weak: reported, not fitted).
-  trainplan-measure  our `trainplan measure` runs on one H100 SXM (torch 2.11).
+  trainplan-measure  our `trainplan measure` runs on one H100 SXM (torch 2.11), the host-bound
+                     batch-1 runs of the same machine among them.
+  trainplan-measure-h200  five `trainplan measure` runs on one H200 (validation/measured/h200),
+                     another machine and host: a source of its own.
 The accuracy claim is not this fit's: scripts/validate_time.py refits with each source (and each
 GPU) left out. Not fitted, measured: matmul ceilings per GPU, the STREAM bandwidth fraction,
-FlashAttention-2's utilisation by GPU generation (sources in docs/kernel_ceilings_research.md) and
-the host time per op (`host_op_s`: batch-1 runs of validation/data/h100_host_overhead.jsonl).
-Traces are cached (op tables only) in validation/.cache/traces.json.
+FlashAttention-2's utilisation by GPU generation and by head dimension (sources in
+docs/kernel_ceilings_research.md), PyTorch's dispatch cost by path (scripts/host_dispatch.py)
+and the CPU time of a CUDA launch. Traces are cached (op tables with shapes and issue order) in
+validation/.cache/traces-v2.json.
 
     PYTHONPATH=src python scripts/calibrate_time.py [--refresh]
 """
@@ -33,31 +37,31 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 DATA = ROOT / "validation" / "data"
-CACHE = ROOT / "validation" / ".cache" / "traces.json"
+CACHE = ROOT / "validation" / ".cache" / "traces-v2.json"
 EFF = ROOT / "src" / "trainplan" / "data" / "efficiency.json"
 TIMM_EVERY = 9            # every 9th model name of the torch-1.12 files -> ~100 models
 TRACE_TIMEOUT_S = 90
 VIT_RE = re.compile(r"vit|deit|swin|beit|cait|xcit|levit|mixer|convit|pit_|twins|crossvit|coat|"
                     r"tnt|volo|gmlp|resmlp|jx_nest|nest_|sequencer|mvit|poolformer|convmixer|"
                     r"eva|edgenext|maxvit|coatnet|mobilevit|efficientformer|gcvit|davit")
-PARAMS = ("host_overlap", "tc_fhalf", "cuda_emax", "cuda_fhalf", "dwconv_emax", "attn_emax",
-          "conv_rel", "gconv_half", "norm_bw_eff", "kernel_s", "nchw_passes")
+PARAMS = ("host_scale", "k0", "tile_h_half", "cuda_emax", "dwconv_emax", "attn_emax",
+          "conv_rel", "gconv_half", "norm_bw_eff", "kernel_s", "nchw_passes", "conv_hopper")
 # Measured STREAM triad / device copy fraction of the spec bandwidth, not fitted
 # (docs/kernel_ceilings_research.md section 2: V100 0.90, A100-40GB 0.88, A100-80GB 0.86-0.91,
 # H100 SXM copy 0.87, H100 PCIe 0.92, RTX 4090 0.91)
 BW_EFF = 0.90
 # Physical ranges: a kernel never beats its peak; S01's best-shape matmul ceilings are 80-87%.
-BOUNDS = {"host_overlap": (0.01, 1.0), "cuda_emax": (0.2, 1.0), "attn_emax": (0.1, 0.75),
-          "conv_rel": (0.3, 1.0), "gconv_half": (0.1, 256.0), "norm_bw_eff": (0.1, 0.95), "kernel_s": (2e-7, 5e-6),
-          "nchw_passes": (0.01, 8.0), "tc_fhalf": (1e6, 1e12), "cuda_fhalf": (1e5, 1e12),
-          "dwconv_emax": (0.005, 1.0), "host_op_s": (1e-6, 1e-4)}
-START = {"host_overlap": 0.5, "tc_fhalf": 1e9, "cuda_emax": 0.8, "cuda_fhalf": 1e8,
+BOUNDS = {"host_scale": (0.3, 30.0), "k0": (1.0, 2048.0), "tile_h_half": (0.5, 512.0),
+          "cuda_emax": (0.2, 1.0), "attn_emax": (0.1, 0.95),
+          "conv_rel": (0.3, 1.0), "gconv_half": (0.1, 256.0), "norm_bw_eff": (0.1, 0.95),
+          "kernel_s": (2e-7, 8e-6), "nchw_passes": (0.01, 8.0), "dwconv_emax": (0.005, 1.0),
+          "conv_hopper": (0.3, 1.0)}
+START = {"host_scale": 3.0, "k0": 64.0, "tile_h_half": 16.0, "cuda_emax": 0.8,
          "dwconv_emax": 0.2, "attn_emax": 0.5, "conv_rel": 0.8, "gconv_half": 4.0, "norm_bw_eff": 0.5,
-         "kernel_s": 2e-6, "nchw_passes": 1.0}
-# Fused attention (flash / memory-efficient) is fitted on the llm-foundry A100-40GB rows, the
-# only training rows that run it (llm-foundry's triton flash kernel); its size scale is that of
-# tensor-core matmuls (attn_fhalf = tc_fhalf). For reference, FlashAttention-2 reports 50-73% of
-# the A100 peak (Dao 2023, arXiv:2307.08691).
+         "kernel_s": 2e-6, "nchw_passes": 1.0, "conv_hopper": 0.8}
+# Fused attention's ceiling (attn_emax) is fitted, mostly on llm-foundry's rows (its triton flash
+# kernel) and our own measured runs (PyTorch's flash and memory-efficient SDPA). For reference,
+# FlashAttention-2 reports 50-73% of the A100 peak (Dao 2023, arXiv:2307.08691).
 # Measured matmul ceilings (fraction of the dense fp32-accumulate peak), not fitted; sources in
 # docs/kernel_ceilings_research.md section 1. S01 = stas00/ml-engineering MAMF table (best shape,
 # @744d01e); SQ = zzc0721/torch-performance-test-data @9d82827 (best square torch.mm, a lower
@@ -71,9 +75,40 @@ MATMUL_CEILING = {"a100-sxm4-40gb": 0.869, "a100-sxm4-80gb": 0.869,      # S01
                   "rtx-4090": 1.0, "rtx-3090": 1.0}                      # SQ: 1.00-1.08
 # Fused attention by GPU generation (compute capability): FlashAttention-2 reaches 50-73% of the
 # A100 peak (Dao 2023, midpoint 0.615) and 35% of the H100's (Shah et al. 2024, FA3 paper)
-ATTN_GENERATION = {"9.0": round(0.35 / 0.615, 3)}
+# Hopper: FlashAttention-2's forward+backward fraction of the H100's peak over the A100's, hd128,
+# non-causal, 2k-16k tokens (FA2 paper Figs 4 and 7, flash-attention@0251105a assets): 2k
+# (320/989)/(187/312) = 0.540, 4k 0.525, 8k 0.526, 16k 0.525
+ATTN_GENERATION = {"9.0": 0.53}
 # A GPU without a measurement: the median of the measured ceilings above (not fitted)
 TC_EMAX_UNMEASURED = float(np.median(list(MATMUL_CEILING.values())))
+# PyTorch's dispatch cost per op by path, measured on a CPU (`python scripts/host_dispatch.py`):
+# what the host/device queue's per-kind host costs are built from (predict/host.py)
+HOST_DISPATCH = {"forward_op_s": 5.82e-6, "backward_op_s": 2.98e-6, "inference_op_s": 3.20e-6,
+                 "view_s": 0.90e-6}
+HOST_DISPATCH_SOURCE = ("measured, not fitted: `PYTHONPATH=src python scripts/host_dispatch.py` "
+                        "on 2026-11-27, this project's 2-core CPU machine (AMD EPYC, torch "
+                        "2.13.0+cpu), two runs within 3% (ratios backward 0.51-0.52, inference "
+                        "0.55-0.57, view 0.155-0.157 of a forward op)")
+# CPU time of one CUDA kernel launch beyond PyTorch's dispatch: no published measurement with
+# its host CPU named was found (XLA's cost model assumes 5 us "in the absence of easy ways to
+# query them"; docs/kernel_ceilings_research.md), so none is added: the fitted host_scale
+# carries the launch with the dispatch
+CUDA_LAUNCH_S = 0.0
+CUDA_LAUNCH_SOURCE = ("none added: no published launch cost with its host CPU named; the "
+                      "fitted host_scale carries it (docs/kernel_ceilings_research.md)")
+# FlashAttention-2's forward+backward throughput at head dimension 64 against 128, non-causal
+# (FA2 paper Fig. 4, A100: 162/187 at 2k, 176/203 at 16k; Fig. 7, H100: 274/320, 296/338):
+# 0.866 = [64 / (64 + h)] / [128 / (128 + h)] gives h = 24
+ATTN_HEAD_DIM_HALF = 24.0
+# ... and by sequence: S / (S + s) through 1k and 2k against 16k, hd128 non-causal (A100
+# 173, 187 of 203: s = 178, 175; H100 294, 320 of 338: s = 153, 115): s = 155 tokens
+ATTN_SEQ_HALF = 155.0
+ATTN_HEAD_DIM_SOURCE = ("derived, not fitted: FlashAttention-2's forward+backward TFLOP/s "
+                        "(Dao 2023, arXiv:2307.08691, Figs 4 and 7; the images in "
+                        "Dao-AILab/flash-attention@0251105a assets/flash2_{a100,h100}_fwd_bwd_"
+                        "benchmark.png): head dimension 64 runs at 0.866 of 128 (h = 24); a "
+                        "work item walking S keys at S / (S + 155) of its long-sequence rate; "
+                        "Hopper at 0.53 of Ampere's fraction of the peak")
 
 
 def timm_rows() -> list[dict]:
@@ -225,7 +260,8 @@ def llm_rows() -> list[dict]:
     return out
 
 
-def h100_rows(name: str = "h100_trainplan_measure.jsonl") -> list[dict]:
+def h100_rows(name: str = "h100_trainplan_measure.jsonl",
+              source: str = "trainplan-measure") -> list[dict]:
     """Our own runs: `trainplan measure` on one H100 SXM 80GB HBM3 (700 W), torch 2.11, cuDNN 9.19,
     10 timed steps after 3 warm-up; synthetic inputs. Each record keeps its command line, which is
     parsed again here by the CLI's own parser, so the traced job is exactly the measured one."""
@@ -236,7 +272,7 @@ def h100_rows(name: str = "h100_trainplan_measure.jsonl") -> list[dict]:
         argv = shlex.split(rec["command"])[2:]    # drop "trainplan measure"
         argv = argv[:argv.index("--steps")]        # keep the job's flags, drop measure's own
         j = rec["job"]
-        out.append(dict(source="trainplan-measure", gpu=rec["accelerator"], argv=tuple(argv), n=1,
+        out.append(dict(source=source, gpu=rec["accelerator"], argv=tuple(argv), n=1,
                         model=j["model"] if j["model"] != "transformer" else j.get("name"),
                         family="measured", precision=j["precision"], batch=j["batch_size"],
                         accum=j["grad_accum"], strategy=j["strategy"], dims=None,
@@ -328,35 +364,27 @@ def extra_rows(with_skipped: bool = False) -> list[dict]:
     return (out, skipped) if with_skipped else out
 
 
-HOST_OP_S = [None]     # measured in main() from h100_host_overhead.jsonl (see host_op_s())
-
-
 def host_rows() -> list[dict]:
-    """Host-bound runs (batch 1, 16 tokens): `trainplan measure` on the same H100 machine."""
-    out = []
-    for r in h100_rows("h100_host_overhead.jsonl"):
-        out.append(dict(r, source="host", split="host"))
-    return out
-
-
-def host_op_s(tables: dict) -> float:
-    """CPU time eager PyTorch spends per traced op: median over host-bound runs of measured step
-    time / traced ops (the kernels of these steps are a few microseconds each)."""
-    per_op = []
-    for r in host_rows():
-        d = tables.get(trace_key(r))
-        if d and "error" not in d:
-            per_op.append((r["batch"] * r["accum"] / r["measured"]) / sum(d["cols"]["count"]))
-    return float(np.median(per_op))
+    """Host-bound runs (batch 1, 16 tokens): `trainplan measure` on the same H100 machine as the
+    other trainplan-measure rows, so the same source."""
+    return h100_rows("h100_host_overhead.jsonl")
 
 
 def all_rows() -> list[dict]:
     """Every measured row; `split` is "fit" (usable by a fit), "off-catalog" or "weak"."""
     return (timm_rows() + dle_rows() + llm_rows() + h100_rows()
-            + h100_rows("validation/measured/h100-sxm/records.jsonl") + extra_rows())
+            + h100_rows("validation/measured/h100-sxm/records.jsonl") + host_rows()
+            + h100_rows("validation/measured/h200/records.jsonl", "trainplan-measure-h200")
+            + extra_rows())
 
 
 def trace_key(r: dict) -> str:
+    if "_key" not in r:
+        r["_key"] = _trace_key(r)
+    return r["_key"]
+
+
+def _trace_key(r: dict) -> str:
     if "jobkw" in r:
         return "job|" + repr(r["jobkw"]) + "|" + r["gpu"]
     if "argv" in r:
@@ -413,7 +441,7 @@ def make_job(r: dict, gpus: int = 1, strategy: str = "single", accum: int = 1):
 
 def _trace_one(r: dict):
     import torch
-    from trainplan.predict.timing import summarize
+    from trainplan.predict.optable import summarize
     from trainplan.trace.semantics import KernelSemantics
     from trainplan.trace.tracer import trace_step
     try:
@@ -458,7 +486,8 @@ def load_tables(rows: list[dict], refresh: bool = False) -> dict:
 
 def predict(r: dict, tables: dict, params: dict) -> float | None:
     from trainplan.accelerators import get_accelerator
-    from trainplan.predict.timing import OpTable, estimate_step_time
+    from trainplan.predict.optable import OpTable
+    from trainplan.predict.timing import estimate_step_time
     d = tables.get(trace_key(r))
     if d is None or "error" in d:
         return None
@@ -494,9 +523,10 @@ def to_params(x: np.ndarray) -> dict:
     for name, v in zip(PARAMS, x):
         lo, hi = BOUNDS[name]
         out[name] = float(np.exp(np.clip(v, np.log(lo), np.log(hi))))
-    out.update(attn_fhalf=out["tc_fhalf"], host_op_s=HOST_OP_S[0], bw_eff=BW_EFF,
-               tc_emax=TC_EMAX_UNMEASURED, attn_generation=ATTN_GENERATION,
-               matmul_ceiling=MATMUL_CEILING)
+    out.update(bw_eff=BW_EFF, tc_emax=TC_EMAX_UNMEASURED, attn_generation=ATTN_GENERATION,
+               matmul_ceiling=MATMUL_CEILING, attn_head_dim_half=ATTN_HEAD_DIM_HALF,
+               attn_seq_half=ATTN_SEQ_HALF,
+               cuda_launch_s=CUDA_LAUNCH_S, host_dispatch=HOST_DISPATCH)
     return out
 
 
@@ -545,27 +575,26 @@ def fit(rows: list[dict], tables: dict, iters: int = 1500, restarts: int = 2) ->
 
 
 def prepare(refresh: bool = False) -> tuple[list[dict], dict]:
-    """All rows and their op tables (traced where missing); sets the measured host_op_s."""
+    """All rows and their op tables (traced where missing)."""
     rows = all_rows()
-    tables = load_tables(rows + host_rows(), refresh=refresh)
-    HOST_OP_S[0] = host_op_s(tables)
-    return rows, tables
+    return rows, load_tables(rows, refresh=refresh)
 
 
 def main() -> None:
     t0 = time.time()
     rows, tables = prepare(refresh="--refresh" in sys.argv)
-    print(f"host_op_s measured: {HOST_OP_S[0] * 1e6:.1f} us per op")
     train = fit_rows(rows, tables)
     print(f"fitting {len(PARAMS)} parameters on {len(train)} rows of "
           f"{len({r['source'] for r in train})} sources")
     params = fit(train, tables)
     n_src = {s: sum(r["source"] == s for r in train) for s in sorted({r["source"] for r in train})}
-    EFF.write_text(json.dumps({"params": {k: params[k] for k in (*PARAMS, "attn_fhalf",
-                                                                  "host_op_s", "bw_eff",
-                                                                  "tc_emax")},
+    EFF.write_text(json.dumps({"params": {k: params[k] for k in (*PARAMS, "bw_eff", "tc_emax",
+                                                                  "attn_head_dim_half",
+                                                                  "attn_seq_half",
+                                                                  "cuda_launch_s")},
                                "matmul_ceiling": MATMUL_CEILING,
-                               "attn_generation": ATTN_GENERATION, "provenance": {
+                               "attn_generation": ATTN_GENERATION,
+                               "host_dispatch": HOST_DISPATCH, "provenance": {
         "command": "PYTHONPATH=src python scripts/calibrate_time.py",
         "date": datetime.date.today().isoformat(),
         "objective": "mean over sources of mean |log(predicted/measured throughput)|",
@@ -581,13 +610,15 @@ def main() -> None:
                                  "torch.mm, a lower bound) for V100, L4, L40S, RTX A6000, "
                                  "H100 PCIe, RTX 3090/4090 (capped at 1.0); "
                                  "docs/kernel_ceilings_research.md",
-        "attn_generation_source": "measured ratio, not fitted: FlashAttention-2 50-73% of the "
-                                  "A100 peak (Dao 2023, arXiv:2307.08691), 35% of the H100's "
-                                  "(Shah et al. 2024, arXiv:2407.08608)",
+        "attn_generation_source": "measured ratio, not fitted: FlashAttention-2's forward+"
+                                  "backward fraction of the peak on the H100 over the A100's, "
+                                  "hd128 non-causal 2k-16k tokens, 0.525-0.540 (Dao 2023, "
+                                  "arXiv:2307.08691, Figs 4 and 7)",
         "bw_eff_source": "measured, not fitted: STREAM triad / device copy fractions 0.86-0.92 "
                          "(docs/kernel_ceilings_research.md section 2)",
-        "host_op_s_source": "not fitted: median of measured step time / traced ops of the "
-                            "host-bound runs in validation/data/h100_host_overhead.jsonl",
+        "host_dispatch_source": HOST_DISPATCH_SOURCE,
+        "cuda_launch_s_source": CUDA_LAUNCH_SOURCE,
+        "attn_head_dim_half_source": ATTN_HEAD_DIM_SOURCE,
     }}, indent=1) + "\n")
     print(json.dumps({k: v for k, v in params.items() if k != "matmul_ceiling"}, indent=1))
     print(f"final loss {params['_loss']:.4f}; wrote {EFF.relative_to(ROOT)} in "

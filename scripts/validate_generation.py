@@ -95,7 +95,7 @@ def main() -> int:
         "`data/efficiency.json` as is: **no fitting** (the generation model has no generation-specific "
         "factor). Error = (predicted - measured) / measured output tokens/s (+: predicted too fast). "
         "`ops/step`: aten ops with bytes or FLOPs in one traced decode step (what engine hf "
-        "multiplies by `host_op_s`); `implied host us/op` (hf rows): measured seconds per step "
+        "issues through the host/device queue, predict/host.py); `implied host us/op` (hf rows): measured seconds per step "
         "(batch / measured tok/s, prefill included) / ops per step, the per-op host cost that "
         "would reproduce the measurement if the step were host-bound.",
         "", "## Summary", "",

@@ -49,10 +49,12 @@ def technique(r: dict) -> str:
 def regimes(r: dict) -> dict:
     n = r["n"]
     seq = r.get("seq") or _argv_int(r, "--seq-len")
+    hw = "consumer" if r["gpu"].startswith(CONSUMER) else "datacenter"
     return {"source": r["source"], "GPU": r["gpu"], "family": family(r),
             "precision": r["precision"],
             "devices": "1" if n == 1 else "2-8" if n <= 8 else "16+",
-            "hardware": "consumer" if r["gpu"].startswith(CONSUMER) else "datacenter",
+            "hardware": hw,
+            "family x precision x GPU class": f"{family(r)}, {r['precision']}, {hw}",
             "sequence": "vision" if not seq else "short (<=512)" if seq <= 512 else "long (>512)",
             "technique": technique(r)}
 
@@ -93,6 +95,32 @@ def cross_validate(rows, tables, iters: int, jobs: int) -> dict:
     return res
 
 
+def reason(r: dict, tables: dict, params: dict) -> str:
+    """What the predicted step is made of, for reading a large error: the step's parts as
+    shares (compute-bound kernels, memory-bound kernels, host time the device waits for,
+    optimizer, communication), and the kernel class that takes the most device time."""
+    from trainplan.accelerators import get_accelerator
+    from trainplan.predict.optable import OpTable
+    from trainplan.predict.timing import estimate_step_time, kernel_classes, op_times
+    d = tables.get(cal.trace_key(r))
+    if not d or "error" in d:
+        return "-"
+    table = d.get("_obj") or OpTable.from_dict(d)
+    job, accel = cal._job_cache(r), get_accelerator(r["gpu"])
+    st = estimate_step_time(table, accel, job, calibration=params)
+    parts = {"compute": st.breakdown_s["compute"], "memory": st.breakdown_s["memory_bound"],
+             "host": st.breakdown_s["overhead"], "optimizer": st.breakdown_s["optimizer"],
+             "comm": st.breakdown_s["communication"]}
+    top = ", ".join(f"{k} {v / st.step_time_s:.0%}" for k, v in
+                    sorted(parts.items(), key=lambda x: -x[1])[:3] if v > 0)
+    t, _ = op_times(table, accel, job.precision, params)
+    k = kernel_classes(table)
+    names = ("matmul", "conv", "attention", "norm", "elementwise", "optimizer", "depthwise")
+    by = {names[c]: float((t * table.count)[k == c].sum()) for c in range(len(names))}
+    cls = max(by, key=by.get)
+    return f"{top}; {cls} {by[cls] / max(sum(by.values()), 1e-12):.0%} of device time"
+
+
 def stats(errs) -> str:
     if not len(errs):
         return "| 0 | - | - | - |"
@@ -102,7 +130,8 @@ def stats(errs) -> str:
 
 
 def breakdown(rows, preds: dict, keys=("family", "precision", "devices", "hardware", "sequence",
-                                        "technique", "source", "GPU")) -> list[str]:
+                                        "technique", "source", "GPU",
+                                        "family x precision x GPU class")) -> list[str]:
     errs = {i: (p - rows[i]["measured"]) / rows[i]["measured"] for i, p in preds.items()}
     md = ["| regime | rows | median abs err | p90 abs err | median signed err |",
           "|---|---|---|---|---|", f"| **all** {stats(list(errs.values()))}"]
@@ -124,7 +153,8 @@ def main() -> None:
     rows, tables = cal.prepare()
     eff = cal.json.loads(cal.EFF.read_text())
     bundled = dict(eff["params"], matmul_ceiling=eff.get("matmul_ceiling", {}),
-                   attn_generation=eff.get("attn_generation", {}))
+                   attn_generation=eff.get("attn_generation", {}),
+                   host_dispatch=eff["host_dispatch"])
     insample = {i: p for i, r in enumerate(rows)
                 if (p := cal.predict(r, tables, bundled)) is not None}
     print(f"cross-validating ({a.iters} iterations a fold, {a.jobs} processes) ...", flush=True)
@@ -150,7 +180,8 @@ def main() -> None:
           "**How to read it.** Leave-one-source-out (LOSO): each source's rows are predicted by "
           "parameters refitted without that source -- what a user meets on a setup nobody tuned "
           "for. Leave-one-GPU-out (LOGO): the same by GPU. Measured constants (matmul ceilings, "
-          "STREAM bandwidth fraction, host time per op; "
+          "STREAM bandwidth fraction, FlashAttention-2's head-dimension and sequence curves, "
+          "PyTorch's dispatch cost by path; "
           f"{prov.get('matmul_ceiling_source', '')}) are not fitted and carry over.", "",
           "## Headline", "",
           "| validation | rows | median abs err | p90 abs err | median signed err |",
@@ -163,10 +194,13 @@ def main() -> None:
     md += ["## Leave-one-GPU-out, by regime", ""] + breakdown(rows, logo)
     worst = sorted(loso.items(), key=lambda x: -abs(err(*x)))[:15]
     md += ["## Largest leave-one-source-out errors", "",
-           "| source | GPU | row | measured | LOSO | error |", "|---|---|---|---|---|---|"]
+           "What the predicted step is made of (bundled fit) is beside each: where the model "
+           "puts the time is where to look for the error.", "",
+           "| source | GPU | row | measured | LOSO | error | predicted step is |",
+           "|---|---|---|---|---|---|---|"]
     md += [f"| {rows[i]['source']} | {rows[i]['gpu']} x{rows[i]['n']} | {rows[i]['label']} | "
-           f"{rows[i]['measured']:.1f} {rows[i]['unit']} | {p:.1f} | {err(i, p) * 100:+.1f}% |"
-           for i, p in worst] + [""]
+           f"{rows[i]['measured']:.1f} {rows[i]['unit']} | {p:.1f} | {err(i, p) * 100:+.1f}% | "
+           f"{reason(rows[i], tables, bundled)} |" for i, p in worst] + [""]
     other = [(i, p) for i, p in insample.items() if i not in fit_idx]
     if other:
         md += ["## Rows outside the statistics", "",

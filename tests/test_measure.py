@@ -319,3 +319,43 @@ def test_job_round_trips_through_a_record():
         assert json.loads(json.dumps(d)) == d
         back = validate(job_from_dict(d, base_dir=job.base_dir))
         assert back.with_(notes=()) == job.with_(notes=())
+
+
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 128}
+
+
+def test_measure_generate_times_hf_generate_and_calibrates_apart(tmp_path, capsys):
+    """`measure --task generate` times real `generate` calls (prefill and per-token decode),
+    predicts the same generation, and `calibrate` fits it under its own key, leaving the
+    accelerator's training-step calibration alone."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY_LLAMA))
+    out = tmp_path / "gen.jsonl"
+    rc = main(["measure", "--model", f"hf:{cfg}", "--task", "generate", "--batch-size", "2",
+               "--prompt-len", "8", "--completion-len", "5", "--steps", "2", "--warmup", "1",
+               "--device", "cpu", "--accelerator", "t4", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "generate call" in text and "decode, per token" in text
+    (rec,) = read_records(out)
+    m, p = rec["measured"], rec["predicted"]
+    assert rec["source"] == "measure-generate" and rec["settings"]["completion_len"] == 5
+    assert 0 < m["prefill_s"] < m["step_time_s"]
+    assert m["decode_token_s"] == pytest.approx((m["step_time_s"] - m["prefill_s"]) / 4)
+    assert m["tokens_per_s"] == pytest.approx(2 * 5 / m["step_time_s"])
+    assert p["step_time_s"] > p["prefill_s"] > 0 and p["decode_token_s"] > 0
+    fitted = cal.fit([rec])
+    assert set(fitted) == {"t4:generate"}
+    assert fitted["t4:generate"].step_time_factor == pytest.approx(
+        m["step_time_s"] / p["step_time_s"])
+    assert main(["calibrate", "--records", str(out)]) == 0
+    factors = user_calibration().factors
+    assert "t4" not in factors and "t4:generate" in factors
+    capsys.readouterr()
+    assert main(["estimate", "--model", f"hf:{cfg}", "--task", "generate", "--gpu", "t4",
+                 "--batch-size", "2", "--prompt-len", "8", "--completion-len", "5",
+                 "--format", "json"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    assert any("t4:generate" in n for n in est["notes"])

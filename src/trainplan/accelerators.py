@@ -223,3 +223,40 @@ def catalog_rows() -> list[CatalogRow]:
                    a.aliases, a.as_of)
         for a in accs
     ]
+
+
+@dataclass(frozen=True)
+class KernelFacts:
+    """One row of `data/gpu_kernels.csv`: what a GPU's kernels are tiled over (predict/kernels.py).
+
+    sm_count: streaming multiprocessors enabled on the product. boost_clock_mhz: its specified
+    boost clock. l2_cache_bytes: L2 cache. as_of, sources (IDs in SOURCES.md), notes."""
+
+    id: str
+    sm_count: int
+    boost_clock_mhz: float
+    l2_cache_bytes: int
+    as_of: str
+    sources: str
+    notes: str
+
+
+@functools.cache
+def _kernel_facts() -> dict[str, KernelFacts]:
+    text = resources.files("trainplan").joinpath("data").joinpath("gpu_kernels.csv").read_text(
+        encoding="utf-8")
+    out: dict[str, KernelFacts] = {}
+    for line, row in enumerate(csv.DictReader(text.splitlines()), start=2):
+        try:
+            facts = KernelFacts(row["id"], int(row["sm_count"]), float(row["boost_clock_mhz"]),
+                                int(row["l2_cache_bytes"]), row["as_of"], row["sources"],
+                                row["notes"])
+        except (KeyError, ValueError) as e:
+            raise TrainplanError(f"data/gpu_kernels.csv line {line}: {e}.") from e
+        out[facts.id] = facts
+    return out
+
+
+def kernel_facts(accel: Accelerator) -> KernelFacts | None:
+    """The GPU's SMs, clock and L2 (data/gpu_kernels.csv), None where the catalog has no row."""
+    return _kernel_facts().get(accel.id)

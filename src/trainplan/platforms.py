@@ -329,3 +329,34 @@ def built_platform(accel, count: int, catalog: dict[str, Platform]) -> Platform:
         notes=f"built from the accelerator catalog for --gpu/--gpus (no catalog platform has "
               f"{count} x {accel.id}); no session, quota or host limits; {price}",
         sources=("--gpu/--gpus",), as_of=None)
+
+
+@dataclass(frozen=True)
+class HostCPU:
+    """A platform's host CPU as the step-time model sees it (data/host_cpus.csv): `speed` is its
+    single-thread rating over the reference host's, what scales the host's time to issue each
+    kernel (predict/host.py)."""
+
+    cpu: str
+    speed: float
+    matched: str            # the row's platform pattern ("reference": no row for the platform)
+
+
+@functools.cache
+def _host_rows() -> list[dict[str, str]]:
+    text = resources.files("trainplan").joinpath("data").joinpath("host_cpus.csv").read_text(
+        encoding="utf-8")
+    return list(csv.DictReader(text.splitlines()))
+
+
+def host_cpu(platform_id: str) -> HostCPU:
+    """The first row of data/host_cpus.csv whose pattern (fnmatch) matches the platform id, else
+    the reference host (speed 1)."""
+    import fnmatch
+    rows = _host_rows()
+    ref = next(r for r in rows if r["platform"] == "reference")
+    ref_rate = float(ref["passmark_single_thread"])
+    for r in rows:
+        if r["platform"] != "reference" and fnmatch.fnmatchcase(platform_id, r["platform"]):
+            return HostCPU(r["cpu"], float(r["passmark_single_thread"]) / ref_rate, r["platform"])
+    return HostCPU(ref["cpu"], 1.0, "reference")

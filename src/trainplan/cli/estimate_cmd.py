@@ -65,11 +65,15 @@ def generate_command(args: argparse.Namespace) -> int:
     completion = rollout["completion_len"] or 256
     accel = get_accelerator(job.gpu)
     from ..estimate import generation_to_json          # PyTorch: imported once the input is read
-    from ..predict.generation import estimate_generation
+    from ..measure.calibrate import GENERATE, user_calibration
+    from ..predict.generation import calibrated, estimate_generation
     g = estimate_generation(job, accel, prompts=job.batch_size,
                             generations_per_prompt=rollout["generations"] or 1,
                             prompt_len=prompt, completion_len=completion,
                             engine="hf" if engine == "hf" else "vllm")
+    if engine == "hf":         # what `measure --task generate` measures: HF generate
+        key = accel.id + GENERATE
+        g = calibrated(g, user_calibration().factors.get(key), key)
     if args.format == "json":
         print(json.dumps(generation_to_json(job, accel, g), indent=2))
     else:

@@ -30,16 +30,26 @@ def measure_command_parser(sub) -> None:
 
 
 def measure_command(args: argparse.Namespace) -> int:
-    from ..measure.runner import run_measurement
     from ..report.console import console
-    job = job_from_args(args, args.job_file_pos)
     argv = getattr(args, "argv", None)
     command = shlex.join(["trainplan", *argv]) if argv is not None else None
     progress = None if args.format == "json" else (
         lambda msg: console().print(f"[dim]{msg}[/dim]"))
-    rec, path = run_measurement(job, steps=args.steps, warmup=args.warmup, device=args.device,
-                                accelerator=args.accelerator, out=args.out, command=command,
-                                progress=progress)
+    if args.task == "generate":
+        from ..measure.generate import run_generation
+        prompt, completion = args.prompt_len, args.completion_len
+        args.task = args.prompt_len = args.completion_len = None
+        job = job_from_args(args, args.job_file_pos)
+        rec, path = run_generation(job, prompt or job.seq_len or 512, completion or 256,
+                                   steps=args.steps, warmup=args.warmup, device=args.device,
+                                   accelerator=args.accelerator, out=args.out, command=command,
+                                   progress=progress)
+    else:
+        from ..measure.runner import run_measurement
+        job = job_from_args(args, args.job_file_pos)
+        rec, path = run_measurement(job, steps=args.steps, warmup=args.warmup,
+                                    device=args.device, accelerator=args.accelerator,
+                                    out=args.out, command=command, progress=progress)
     if args.format == "json":
         print(json.dumps(rec, indent=2))
     else:

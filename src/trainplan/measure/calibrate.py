@@ -71,12 +71,22 @@ def usable(rec: dict) -> tuple[bool, str]:
     return True, ""
 
 
+GENERATE = ":generate"      # key suffix of a generation calibration ("h200:generate")
+
+
+def key(rec: dict) -> str:
+    """What a record calibrates: its accelerator's training steps, or its generation
+    (`measure --task generate` records: "<accelerator>:generate"), never both."""
+    return rec["accelerator"] + (GENERATE if rec["source"] == "measure-generate" else "")
+
+
 def fit(records: list[dict], sources: tuple[str, ...] = ()) -> dict[str, Calibration]:
-    """One Calibration per accelerator found in `records` (those without a prediction skipped)."""
+    """One Calibration per accelerator (and per accelerator's generation) found in `records`
+    (those without a prediction skipped)."""
     groups: dict[str, list[dict]] = {}
     for rec in records:
         if usable(rec)[0]:
-            groups.setdefault(rec["accelerator"], []).append(rec)
+            groups.setdefault(key(rec), []).append(rec)
     out = {}
     for acc, recs in sorted(groups.items()):
         ratios = [r["measured"]["step_time_s"] / r["predicted"]["device_step_time_s"]

@@ -24,10 +24,14 @@ class Row:
 
 def comparison(rec: dict) -> list[Row]:
     m, p = rec["measured"], rec.get("predicted") or {}
-    rows = [
-        Row("step time", "s", p.get("device_step_time_s"), m["step_time_s"]),
-        Row("samples/s", "samples/s", p.get("samples_per_s"), m["samples_per_s"]),
-    ]
+    if rec["source"] == "measure-generate":        # one generate call, split (generate.py)
+        rows = [Row("generate call", "s", p.get("step_time_s"), m["step_time_s"]),
+                Row("prefill", "s", p.get("prefill_s"), m.get("prefill_s")),
+                Row("decode, per token", "s", p.get("decode_token_s"), m.get("decode_token_s")),
+                Row("sequences/s", "samples/s", p.get("samples_per_s"), m["samples_per_s"])]
+    else:
+        rows = [Row("step time", "s", p.get("device_step_time_s"), m["step_time_s"]),
+                Row("samples/s", "samples/s", p.get("samples_per_s"), m["samples_per_s"])]
     if m.get("tokens_per_s") or p.get("tokens_per_s"):
         rows.append(Row("tokens/s", "tokens/s", p.get("tokens_per_s"), m.get("tokens_per_s")))
     if p.get("calibrated_step_time_s"):

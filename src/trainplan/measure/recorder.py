@@ -156,9 +156,12 @@ class Recorder:
 
     def finish(self, *, source: str, command: str, accelerator: str | None = None,
                settings: dict | None = None, notes: list[str] | None = None,
-               out=None, write: bool = True) -> tuple[dict, object]:
+               out=None, write: bool = True, extra_measured=None,
+               predictor=None) -> tuple[dict, object]:
         """(record, path written or None). `accelerator` (a catalog id or alias) overrides the
-        one detected from the device name."""
+        one detected from the device name. `predictor(accel_id)` (a dict of the record's
+        predicted fields) replaces the training-step prediction and `extra_measured(measured)`
+        adds to what was measured (measure/generate.py: a generate call, not a step)."""
         notes = list(notes or [])
         info = describe_device(self.dev)
         acc, acc_source = resolve_accelerator(info, accelerator)
@@ -174,18 +177,19 @@ class Recorder:
         predicted = None
         if acc is not None:
             try:
-                predicted = predict(self.job, acc)
+                predicted = predictor(acc) if predictor else asdict(predict(self.job, acc))
             except TrainplanError as e:
                 notes.append(f"no prediction: {e.what}")
         if info.type == "cpu":
             notes.append("CPU: no caching allocator, so peak allocated/reserved are not "
                          "available; peak_rss_bytes is the process's resident peak")
-        measured = self.measured(predicted.tokens_per_sample if predicted else None)
+        measured = asdict(self.measured(predicted.get("tokens_per_sample") if predicted else None))
+        if extra_measured:
+            measured = extra_measured(measured)
         rec = make_record(
             job=self.job, source=source, command=command, device=info.to_dict(),
             accelerator=acc, accelerator_source=acc_source, versions=library_versions(),
             settings=dict(settings or {}, warmup_steps=self.warmup),
-            measured=asdict(measured), predicted=asdict(predicted) if predicted else None,
-            notes=notes)
+            measured=measured, predicted=predicted, notes=notes)
         path = append_record(rec, out) if write else None
         return rec, path

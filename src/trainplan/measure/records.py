@@ -6,6 +6,8 @@ Schema "trainplan.measurement/1" (units in key names; bytes, seconds):
     schema          "trainplan.measurement/1"
     timestamp       ISO 8601, UTC, of the end of the run
     source          "measure" (the CLI) | "record" (context manager) | "hf-trainer" (callback)
+                    | "measure-generate" (`measure --task generate`: one generate call a step,
+                    measured and predicted prefill_s and decode_token_s added; generate.py)
     command         the command line that ran
     job             the job as flat keys (the YAML / flag names): `job_from_dict` reads it back
     device          {type, index, name, total_memory_bytes, compute_capability, driver_version}
@@ -37,7 +39,7 @@ from ..named import Named
 from ..spec import Job, job_from_dict, validate
 
 SCHEMA = "trainplan.measurement/1"
-SOURCES = ("measure", "record", "hf-trainer")
+SOURCES = ("measure", "record", "hf-trainer", "measure-generate")
 REQUIRED = {"schema": str, "timestamp": str, "source": str, "command": str, "job": dict,
             "device": dict, "versions": dict, "settings": dict, "measured": dict,
             "notes": list}

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from ..accelerators import get_accelerator
 from ..errors import TrainplanError
-from ..platforms import Platform
+from ..platforms import Platform, host_cpu
 from ..predict import BUNDLED_ONLY, Calibration, Evaluation, Traces, evaluate, largest_micro_batch
 from ..predict import compat
 from ..predict.traces import anchors_for
@@ -186,7 +186,8 @@ class Planner:
     def evaluate(self, jv, platform: Platform, batch: int, accum: int) -> Config:
         jb = jv.with_(batch_size=batch, grad_accum=accum)
         ev = evaluate(jb, platform.accelerator, self.calibration, self.traces,
-                      cpu_cores=platform.cpu_cores, strict=False)
+                      cpu_cores=platform.cpu_cores, strict=False,
+                      host_speed=host_cpu(platform.id).speed)
         return Config(ev, platform)
 
     def largest(self, jv, platform: Platform, accumulate: bool, limit: int,
@@ -202,7 +203,8 @@ class Planner:
 
     def configure(self, jv, platform: Platform) -> Config:
         """Micro-batch and accumulation for variant `jv` on `platform` (module docstring)."""
-        key = (repr(jv), platform.accelerator_id, platform.accelerator_count, platform.cpu_cores)
+        key = (repr(jv), platform.accelerator_id, platform.accelerator_count, platform.cpu_cores,
+               host_cpu(platform.id).speed)
         if key not in self._configs:
             P = self.per_device(platform)
             cfg = self.evaluate(jv, platform, P, 1)

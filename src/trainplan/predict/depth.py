@@ -39,6 +39,7 @@ import re
 from dataclasses import replace
 
 from ..trace.counters import ALLOC, CATEGORIES, FREE, RETAG, replay_log
+from ..trace.shapes import on_line
 from ..trace.tracer import ModuleRow, Trace
 from .allocator import replay
 from .memory import Fragmentation, fragmentation, replayed
@@ -135,6 +136,7 @@ def stitch(lo: Trace, hi: Trace, tagged: Trace | None = None) -> Trace | None:
         if a is not None:
             r = copy.copy(r)
             r.flops, r.bytes = line(a.flops, r.flops), line(a.bytes, r.bytes)
+            r.shape = on_line(a.shape, r.shape, f)
         ops.append(r)
     # the same records, not copies: nothing changes a trace's records in place (who derives one
     # copies it first: interpolate.py, traces.relabel), and an 80-block model repeats ~150 of
@@ -234,6 +236,7 @@ def extend(hi: Trace) -> Trace | None:
             r0, r = r, copy.copy(r)
             r.flops, r.bytes, r.last_block = (r.flops * (1 + share), r.bytes * (1 + share),
                                               share / (1 + share))
+            r.shape = r.shape[:1] and (round(r.shape[0] * (1 + share)),) + r.shape[1:]
             grown.append((r0, r))
         ops.append(r)
     pattern = _index_pattern(hi.stack.path)

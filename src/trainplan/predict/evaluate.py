@@ -127,10 +127,11 @@ def memory_at(job, accel: Accelerator, traces: Traces, sem, batch: int
 
 def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
              traces: Traces | None = None, cpu_cores: int | None = None,
-             strict: bool = True) -> Evaluation:
+             strict: bool = True, host_speed: float = 1.0) -> Evaluation:
     """`job` at `job.batch_size` on `job.gpus` units of `accel`. `strict`: what the target cannot
     run at all raises TrainplanError (compat.py); the planner adapts the job first and passes
-    False. `cpu_cores`: the host's, caps DataLoader workers (timing.input_pipeline)."""
+    False. `cpu_cores`: the host's, caps DataLoader workers (timing.input_pipeline);
+    `host_speed`: its CPU's single-thread speed over the reference host's (predict/host.py)."""
     traces = traces or Traces()
     findings = compat.check(job, accel, strict=strict)
     sem = semantics_for(job, accel)
@@ -141,7 +142,8 @@ def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
         algorithms.request_rollout(job, accel, devices(job, accel))
         raise
     time = calibration.apply(estimate_step_time(tr, accel, job, calibration.params,
-                                                cpu_cores=cpu_cores), accel.id)
+                                                cpu_cores=cpu_cores, host_speed=host_speed),
+                             accel.id)
     phases = generation = None
     if job.algorithm != "sft":
         alg = algorithms.step(job, accel, tr, mem, time, devices(job, accel), resident_in=True)

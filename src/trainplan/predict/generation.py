@@ -15,9 +15,10 @@ t1 = P + C - 2 and summed in closed form over the n = C - 1 steps,
     sum_{i=0}^{n-1} T(t0 + i) = n T(t0) + (T(t1) - T(t0)) (n - 1) / 2.
 
 One step's time:
-  engine "hf"   eager PyTorch, one Python dispatch per aten op: max(device, ops x host_op_s)
-                (host_op_s fitted on training steps, data/efficiency.json); HF generate syncs
-                every step (stopping criteria on the sampled tokens), so steps do not overlap.
+  engine "hf"   eager PyTorch: the forward's kernels through the host/device queue
+                (predict/host.py), each issued at the no-grad forward's host cost
+                (`host_inference_s`, data/efficiency.json); HF generate syncs every step
+                (stopping criteria on the sampled tokens), so steps do not overlap.
   engine "vllm" device time only: CUDA graphs replay a decode step with one launch, and vLLM's
                 scheduler/sampler CPU work per step is not modelled (0 s; an optimistic bound).
                 The trace is of HF's unfused ops, so the device time is pessimistic for vLLM's
@@ -44,7 +45,7 @@ it needs (0.9 standalone, vllm EngineArgs; TRL colocate default 0.3, grpo_config
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -55,7 +56,9 @@ from ..trace.depth import MIN_BLOCKS
 from ..trace.generate import InferenceTrace, kv_cache_bytes, trace_forward
 from .comm import collective_s
 from .target import semantics_for
-from .timing import load_efficiency, op_times, summarize
+from .host import issue_times, run_queue
+from .optable import summarize
+from .timing import load_efficiency, op_times
 from ..trace.parallel import Forward
 from .depth import HIGH, whole_forward
 from .traces import Deferred, defer_forward, may_trace
@@ -75,13 +78,14 @@ class StepCost:
     gather_s: float             # all-gather of the weights a device lacks (0 unsharded)
     gather_first_s: float       # ...of the first unit, which nothing hides
     ops: int
+    queued_s: float = 0.0       # eager: the kernels through the host/device queue (host.py)
 
     @property
     def device_s(self) -> float:
         return self.compute_s + self.memory_s
 
     def time(self, engine: str) -> float:
-        t = max(self.device_s, self.host_s) if engine == "hf" else self.device_s
+        t = max(self.device_s, self.queued_s) if engine == "hf" else self.device_s
         return t if not self.gather_s else max(t, self.gather_s) + self.gather_first_s
 
 
@@ -113,8 +117,9 @@ def step_cost(tr: InferenceTrace, accel, precision, p: dict,
     t, cbound = op_times(table, accel, precision, p)
     td = t * table.count
     ops = int(np.sum(table.count))
-    return StepCost(float(np.sum(td[cbound])), float(np.sum(td[~cbound])),
-                    ops * p["host_op_s"], gather[0], gather[1], ops)
+    q = run_queue(issue_times(table, p, inference=True), t[table.seq])
+    return StepCost(float(np.sum(td[cbound])), float(np.sum(td[~cbound])), q.host_s,
+                    gather[0], gather[1], ops, q.seconds)
 
 
 _MEMO: dict[tuple, InferenceTrace] = {}
@@ -278,6 +283,20 @@ def estimate_generation(job, accel, *, prompts: int, generations_per_prompt: int
     return GenerationEstimate(B, P, C, engine, prefill_s, decode_s, total,
                               B * C / total if total else 0.0, T0, T1, kv, per_device_w,
                               transient, peak, bound, costs, notes)
+
+
+def calibrated(g: GenerationEstimate, factor, key: str) -> GenerationEstimate:
+    """`g` with its times scaled by the user's generation measurements of the accelerator
+    (measure/calibrate.py: a "<accelerator>:generate" factor, measured / predicted generate
+    call), said in its notes; `g` itself without one."""
+    if factor is None:
+        return g
+    k = factor.step_time_factor
+    return replace(g, prefill_s=g.prefill_s * k, decode_s=g.decode_s * k, total_s=g.total_s * k,
+                   tokens_per_s=g.tokens_per_s / k, per_token_s_first=g.per_token_s_first * k,
+                   per_token_s_last=g.per_token_s_last * k,
+                   notes=g.notes + [f"times calibrated on {factor.measurements} of your "
+                                    f"generation measurements ({key}: x{k:.3g})"])
 
 
 def _bound(costs: dict[str, StepCost], engine: str, n: int) -> str:

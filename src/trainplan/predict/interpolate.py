@@ -24,6 +24,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..trace.counters import ALLOC, phase_peaks_from_log
+from ..trace.shapes import on_line
 from ..trace.tracer import ModuleRow, Trace
 
 
@@ -69,10 +70,12 @@ def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False) -
     # both traces (same_shape_family), so each record is copied whole and only its work changes
     flops = _line([o.flops for o in lo.ops], [o.flops for o in hi.ops], f)
     moved = _line([o.bytes for o in lo.ops], [o.bytes for o in hi.ops], f)
-    ops = []
-    for a, fl, by in zip(lo.ops, flops.tolist(), moved.tolist()):
-        r = copy.copy(a)
-        r.flops, r.bytes = fl, by
+    ops, made = [], {}
+    for a, b, fl, by in zip(lo.ops, hi.ops, flops.tolist(), moved.tolist()):
+        r = made.get((id(a), id(b)))
+        if r is None:      # a record repeated (a stitched trace's blocks) stays one object
+            r = made[id(a), id(b)] = copy.copy(a)
+            r.flops, r.bytes, r.shape = fl, by, on_line(a.shape, b.shape, f)
         ops.append(r)
     # every allocation's size is affine in the batch (frees carry the size negated); the phase
     # peaks are recomputed from the sizes exactly as the tracer computes them, since which

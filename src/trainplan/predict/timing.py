@@ -1,137 +1,62 @@
 """Step-time model: one optimizer step of a traced job on one accelerator, in seconds.
 
-Every op of the trace is timed (forward, backward, recomputed forward, optimizer), as a roofline
-with size-dependent efficiency (op_times):
+Each kernel of the trace (forward, backward, recomputed forward, optimizer) gets a device time
+from its shape and bytes (op_times), and the step runs them through the host/device queue
+(predict/host.py: the host issues kernels, the device runs them behind it):
 
-    t_compute = (flops + f_half) / (peak(dtype, tensor cores?) x clock x e_max)
-    t_memory  = bytes x passes / (bandwidth x bw_eff)
-    t_op      = max(t_compute, t_memory) + kernel_s
-    t_phase   = (1 - host_overlap) x sum of max(t_op, host_op_s)
-                + host_overlap x max(sum of t_op, ops x host_op_s)   (forward, backward, optimizer)
+    t_kernel = max(t_compute, t_memory) + kernel_s
+    t_memory = bytes x passes / (bandwidth x bw_eff)
+    t_compute: a GEMM or convolution tiled over the SMs (predict/kernels.py: wave and tile
+               quantisation, split-K, the tile's fixed prologue/epilogue k0, smaller tiles'
+               efficiency) at the device's measured matmul ceiling; fused attention by its work
+               items in waves at the kernel's ceiling for the head dimension; anything else at
+               the CUDA-core rate
+    step     = queue(k micro-batches, then the optimizer) + exposed communication + data wait
 
 `peak` is the catalog's dense rate for the dtype the kernel computes in; without tensor cores for
 that dtype the CUDA-core FP32 rate (T4 fp32 = 8.1e12; P100 fp16 = its fp32 9.3e12, since PyTorch's
 half GEMMs and cuDNN's half convolutions accumulate in fp32 -- Accelerator.peak_flops; bf16 where
 unsupported runs at the fp32 rate -- the memory layer reports it as unsupported). Depthwise
-convolutions have no tensor-core kernels: fp32 CUDA-core rate, their own efficiency. `clock` is
-`sustained_clock_fraction` (T4 0.566 under its 70 W cap, S38). fp32 jobs on Ampere+ run
+convolutions have no tensor-core kernels: fp32 CUDA-core rate, their own efficiency. The clock
+is `sustained_clock_fraction` (T4 0.566 under its 70 W cap, S38). fp32 jobs on Ampere+ run
 convolutions in TF32 (cuDNN's `allow_tf32` defaults to True), matmuls in fp32 (PyTorch >= 1.12;
 NGC containers set TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, which is `--precision tf32`).
-`e_max` of tensor-core matmuls is the device's measured matmul ceiling (matmul_ceiling), else
-the median measured one; tensor-core convolutions reach `conv_rel` of it, less with few channels
-per group; fused attention by GPU generation (attention_emax). `bw_eff` is the measured STREAM
-fraction of the spec bandwidth (0.86-0.92 on V100, A100, H100, RTX 4090; not fitted). `f_half`
-is the size at which a kernel reaches half its ceiling (too few blocks to fill the SMs, ramp-up
-and tail).
-NCHW tensor-core convolutions pay cuDNN's NHWC transposes (`passes` > 1). `host_op_s` is what
-eager PyTorch spends on the CPU to issue one op (Python, dispatcher, launch); kernels run
-asynchronously, so the host runs partly ahead (estimate_step_time). fp16 AMP adds
-GradScaler's unscale pass over the gradients. The fitted parameters come from
+The matmul ceiling is the device's measured best-shape matmul (matmul_ceiling), else the median
+measured one; tensor-core convolutions reach `conv_rel` of it (cuDNN's implicit GEMM against
+cuBLAS), less with few channels per group; fused attention by GPU generation
+(attention_emax). `bw_eff` is the measured STREAM fraction of the spec bandwidth (0.86-0.92 on
+V100, A100, H100, RTX 4090; not fitted). NCHW tensor-core convolutions pay cuDNN's NHWC
+transposes (`passes` > 1). fp16 AMP adds GradScaler's unscale pass over the gradients and its
+synchronisation before the optimizer step. The fitted parameters come from
 `scripts/calibrate_time.py` (data/efficiency.json, with its provenance); errors on sources the fit
 never saw (leave-one-source-out and leave-one-GPU-out) in validation/results/time_validation.md.
 
-One optimizer step = grad_accum x micro-batch + optimizer + exposed communication (comm.py) +
-data wait. The input pipeline (`input_pipeline`) delivers workers x samples_per_s_per_worker and
-overlaps the step when it has workers.
+One optimizer step = the queue over grad_accum micro-batches and the optimizer + exposed
+communication (comm.py) + data wait. The input pipeline (`input_pipeline`) delivers workers x
+samples_per_s_per_worker and overlaps the step when it has workers.
 """
 from __future__ import annotations
 
 import functools
 import json
-from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
 
 import numpy as np
 
+from ..accelerators import kernel_facts
 from ..errors import TrainplanError
 from ..precision import Precision
 from ..strategy import DP
+from . import kernels
 from .comm import DEVICES_PER_NODE, exposed_comm
+from .host import step_queue
+from .optable import BACKWARD, FORWARD, OPTIMIZER, PHASES, OpTable, summarize
 
-PHASES = ("forward", "backward", "optimizer")
-FORWARD, BACKWARD, OPTIMIZER = range(len(PHASES))     # OpTable.phase codes
-FAMILIES = ("matmul", "attention", "other")
-DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}          # others (int, bool, "") -> 3
-# aten ops that the counter records but that launch no kernel (queries, profiler markers)
 # XLA compiles the step graph on the host on the first steps of a session. Sourced range
 # (performance_notes.md section 3, S37): 100-110 s (Llama 3.1 8B, vLLM on v5e-8/v4-8), 8 min
 # (136K-node graph), up to 25-30 min for large graphs; recompiles on every new shape.
 XLA_COMPILE_S = 180.0
-
-
-@dataclass
-class OpTable:
-    """Ops of one trace, de-duplicated by (name, family, dtype, phase, group channels, flops,
-    bytes) with counts."""
-
-    name: np.ndarray          # aten op name (str), e.g. "mm", "native_layer_norm_backward"
-    family: np.ndarray
-    dtype: np.ndarray
-    phase: np.ndarray
-    conv: np.ndarray
-    flops: np.ndarray
-    bytes: np.ndarray
-    count: np.ndarray
-    group_channels: np.ndarray = None   # convolutions: input channels per group (1 = depthwise)
-    meta: dict = field(default_factory=dict)   # model_flops, gradient_bytes, params_total, ...
-
-    COLS = ("name", "family", "dtype", "phase", "conv", "flops", "bytes", "count",
-            "group_channels")
-
-    def __post_init__(self):
-        if self.group_channels is None:
-            self.group_channels = np.zeros(len(self.flops), dtype=np.int64)
-
-    def to_dict(self) -> dict:
-        return {"cols": {c: getattr(self, c).tolist() for c in self.COLS}, "meta": self.meta}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "OpTable":
-        c = d["cols"]
-        ints = {k: np.asarray(c[k], dtype=np.int64) for k in ("family", "dtype", "phase", "count",
-                                                              "group_channels") if k in c}
-        return cls(name=np.asarray(c["name"], dtype=object), conv=np.asarray(c["conv"], dtype=bool),
-                   flops=np.asarray(c["flops"], float), bytes=np.asarray(c["bytes"], float),
-                   meta=d["meta"], **ints)
-
-
-def summarize(trace) -> OpTable:
-    """Aggregate `trace.ops` once (memoised on the trace) so every accelerator reuses it."""
-    if isinstance(trace, OpTable):
-        return trace
-    memo = trace.derived
-    if "op_table" in memo:
-        return memo["op_table"]
-    agg: dict[tuple, int] = {}
-    # a trace stitched from a cut one holds each of the last block's records once per block
-    # (predict/depth.py): each record's key is made once, its count from the ids, in C
-    times = Counter(map(id, trace.ops))
-    for o in {id(o): o for o in trace.ops}.values():     # in order of first appearance
-        if o.flops == 0 and o.bytes == 0:
-            continue
-        key = (o.name, FAMILIES.index(o.family), DTYPES.get(o.dtype, 3), PHASES.index(o.phase),
-               "convolution" in o.name, float(o.flops), float(o.bytes),
-               int(getattr(o, "group_channels", 0)))
-        agg[key] = agg.get(key, 0) + times[id(o)]
-    keys = list(agg) or [("none", 2, 3, 0, False, 0.0, 0.0, 0)]
-    arr = list(zip(*keys))
-    table = OpTable(np.array(arr[0], dtype=object), np.array(arr[1]), np.array(arr[2]),
-                    np.array(arr[3]), np.array(arr[4], bool), np.array(arr[5], float),
-                    np.array(arr[6], float), np.array([agg.get(k, 0) for k in keys]),
-                    np.array(arr[7], dtype=np.int64),
-                    meta={"model_flops": float(trace.model_flops),
-                          "gradient_bytes": float(trace.gradient_bytes),
-                          "params_total": int(trace.params_total),
-                          "params_trainable": int(trace.params_trainable),
-                          "weight_bytes": float(trace.weight_bytes),
-                          "largest_block_param_bytes": float(trace.largest_block_param_bytes),
-                          "moe_dispatch_elements": int(trace.moe_dispatch_elements),
-                          "batch_size": int(trace.batch_size),
-                          "tokens_per_sample": trace.tokens_per_sample,
-                          "channels_last": bool(trace.semantics.channels_last)})
-    memo["op_table"] = table
-    return table
 
 
 @functools.lru_cache(maxsize=1)
@@ -144,7 +69,8 @@ def load_efficiency() -> dict:
     """Fitted parameters from data/efficiency.json (see its `provenance`)."""
     data = _efficiency_file()
     return dict(data["params"], matmul_ceiling=data.get("matmul_ceiling", {}),
-                attn_generation=data.get("attn_generation", {}))
+                attn_generation=data.get("attn_generation", {}),
+                host_dispatch=data["host_dispatch"])
 
 
 def bundled_accuracy() -> dict | None:
@@ -231,6 +157,15 @@ def matmul_ceiling(accel, p: dict) -> float:
     return float(p.get("matmul_ceiling", {}).get(accel.id, p["tc_emax"]))
 
 
+def conv_generation(accel, p: dict) -> float:
+    """cuDNN's tensor-core convolutions on Hopper against their share of the peak on earlier
+    GPUs (`conv_hopper`, fitted on our H100 runs; checked on the H200's): Hopper's peak needs
+    its warpgroup MMA instructions, which cuBLAS's GEMMs use (the measured matmul ceiling) and
+    kernels written for Ampere's mma.sync do not -- FlashAttention-2 reaches 0.53 of its
+    Ampere fraction there (attention_emax). 1 elsewhere."""
+    return float(p.get("conv_hopper", 1.0)) if str(accel.compute_capability) == "9.0" else 1.0
+
+
 def attention_emax(accel, p: dict) -> float:
     """Fused attention's ceiling (fraction of the dense peak): `attn_emax` (fitted) times the
     generation's measured ratio (efficiency.json `attn_generation`): FlashAttention-2, PyTorch's
@@ -241,57 +176,135 @@ def attention_emax(accel, p: dict) -> float:
         str(accel.compute_capability), 1.0))
 
 
-def op_times(table: OpTable, accel, precision: Precision, p: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Per unique op: (device time s, is_compute_bound). Vectorised over the op table.
+@dataclass
+class _Static:
+    """What op_times reads off an op table on one accelerator and precision that no parameter
+    changes: rates, kernel classes, the GEMM grid (kernels.gemm_grid), each attention kernel's
+    wave quantisation, head dimension and keys, each multi-tensor op's launches. Memoised on the
+    table (a fit times it thousands of times)."""
 
-        t_compute = (flops + f_half) / (peak x e_max)
-        t_memory  = bytes x passes / (bandwidth x bw_eff)
-        t_device  = max(t_compute, t_memory) + kernel_s
+    classes: np.ndarray
+    peak: np.ndarray             # FLOP/s of each op's dtype and unit (tensor or CUDA cores)
+    tensor: np.ndarray           # runs on tensor cores
+    conv_groups: np.ndarray      # channels per group (>= 1) of tensor-core convolutions, else 0
+    sms: int
+    gemm_owner: np.ndarray
+    gemm_grid: kernels.GemmGrid | None
+    gemm_dims: np.ndarray
+    square: np.ndarray           # GEMM-like ops without a traced shape: taken square
+    attn: np.ndarray             # indices of fused attention kernels
+    attn_waves: np.ndarray
+    attn_head_dim: np.ndarray
+    attn_keys: np.ndarray        # keys one work item walks (causal: the mean over its rows)
+    launches: np.ndarray
 
-    The compute term is flops / (peak x e(f)) with e(f) = e_max f / (f + f_half): small matmuls
-    fill too few SMs (wave quantisation, ramp-up), which costs a fixed f_half / (peak e_max) per
-    kernel. `kernel_s` is the fixed device time of any kernel (launch latency, ramp-up, tail),
-    which is why small elementwise kernels reach a fraction of the bandwidth that large ones
-    do. `passes` > 1 only for tensor-core
-    convolutions of an NCHW model: cuDNN's tensor-core kernels are NHWC, so it transposes the
-    activations in and out (`nchw_passes` extra passes over the op's bytes).
-    """
+
+def _static(table: OpTable, accel, precision: Precision) -> _Static:
+    memo = table.__dict__.setdefault("_static", {})
+    key = (accel.id, precision.name)
+    if key in memo:
+        return memo[key]
+    facts = kernel_facts(accel)
+    sms = facts.sm_count if facts else 0
+    k = kernel_classes(table)
     peak, tensor = _rates(accel, precision)
     conv = table.conv.astype(int)
-    k = kernel_classes(table)
     dw = k == K_DWCONV
     # depthwise convolutions have no tensor-core kernels: CUDA cores at the fp32 rate, at their
     # own (low) efficiency -- direct convolution, per-channel reductions in the weight gradient
     pk = np.where(dw, (accel.fp32_flops or 0.0) * accel.sustained_clock_fraction,
                   peak[table.dtype, conv])
-    attn = k == K_ATTN
+    attn_mask = k == K_ATTN
     # fp32 fused attention (the memory-efficient kernel; flash has no fp32) ignores allow_tf32:
     # on sm80+ it multiplies with CUTLASS's 3xTF32 (OpMultiplyAddFastF32, mem_eff_attention
     # gemm_kernel_utils.h `DefaultGemmType<float>`), three TF32 MMAs per product, else SIMT FP32
-    fp32_attn = attn & (table.dtype == 0) & (accel.kind == "gpu")
+    fp32_attn = attn_mask & (table.dtype == 0) & (accel.kind == "gpu")
     if fp32_attn.any():
         rate = max((accel.tf32_flops or 0.0) / 3.0, accel.fp32_flops or 0.0)
         pk = np.where(fp32_attn, rate * accel.sustained_clock_fraction, pk)
     tc = (tensor[table.dtype, conv] & ~dw) | (fp32_attn & bool(accel.tf32_flops))
-    # a tensor-core convolution is an implicit GEMM reducing over its input channels per group
-    # (x the kernel window): few channels (ResNeXt's 4 a group, RegNet's, a 3-channel stem)
-    # fill a fraction of a tile's depth, so it reaches gc / (gc + gconv_half) of the ceiling
-    gc = np.maximum(table.group_channels.astype(float), 1.0)
-    conv_eff = p.get("conv_rel", 1.0) * gc / (gc + p.get("gconv_half", 0.0))
-    ceiling = matmul_ceiling(accel, p) * np.where(k == K_CONV, conv_eff, 1.0)
-    e_max = np.where(tc, np.where(attn, attention_emax(accel, p), ceiling),
-                     np.where(dw, p["dwconv_emax"], p["cuda_emax"]))
-    f_half = np.where(tc, np.where(attn, p["attn_fhalf"], p["tc_fhalf"]), p["cuda_fhalf"])
+    groups = np.where(tc & (k == K_CONV), np.maximum(table.group_channels, 1), 0)
+    gemm = np.flatnonzero(((k == K_MATMUL) | (k == K_CONV)) & (table.flops > 0))
+    shaped = np.array([i for i in gemm if table.shape[i]], dtype=np.int64)
+    owner, dims = kernels.gemm_rows(table.shape, shaped)
+    attn = np.flatnonzero(attn_mask)
+    launches = np.ones(len(table.flops))
+    for i in np.flatnonzero(k == K_OPTIM):
+        launches[i] = kernels.foreach_launches(table.shape[i], table.bytes[i] / 4.0)
+    memo[key] = _Static(
+        k, pk, tc, groups.astype(float), sms, owner,
+        kernels.gemm_grid(dims, sms) if sms and len(dims) else None, dims,
+        np.array([i for i in gemm if not table.shape[i]], dtype=np.int64), attn,
+        np.array([kernels.attention_quantisation(table.shape[i], sms, "backward" in
+                                                 table.name[i]) for i in attn]),
+        np.array([table.shape[i][5] if len(table.shape[i]) > 5 else 128 for i in attn],
+                 dtype=float),
+        np.array([kernels.attention_keys(table.shape[i]) for i in attn], dtype=float),
+        launches)
+    return memo[key]
+
+
+def op_times(table: OpTable, accel, precision: Precision, p: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Per unique op: (device time s, is_compute_bound). Vectorised over the op table.
+
+        t_compute = GEMMs tiled over the SMs (kernels.gemm_seconds) at peak x ceiling; fused
+                    attention's FLOPs at its ceiling for the head dimension and the keys a work
+                    item walks, in whole waves of work items (kernels.attention_quantisation);
+                    other FLOPs at the CUDA-core rate
+        t_memory  = bytes x passes / (bandwidth x bw_eff)
+        t_device  = max(t_compute, t_memory) + kernel_s x kernels launched
+
+    `kernel_s` is the fixed device time of a kernel (launch latency, ramp-up, tail), why small
+    elementwise kernels reach a fraction of the bandwidth that large ones do; a multi-tensor op
+    launches several (kernels.foreach_launches). `passes` > 1 only for tensor-core convolutions of
+    an NCHW model: cuDNN's tensor-core kernels are NHWC, so it transposes the activations in and
+    out (`nchw_passes` extra passes over the op's bytes). A tensor-core convolution is an
+    implicit GEMM reducing over its input channels per group (x the kernel window): few channels
+    (ResNeXt's 4 a group, RegNet's, a 3-channel stem) fill a fraction of a tile's depth, so it
+    reaches gc / (gc + gconv_half) of `conv_rel` x the matmul ceiling. An op whose shape was not
+    traced (an op table made before shapes were) is timed as one GEMM of its FLOPs' square
+    shape. A device without SM counts (data/gpu_kernels.csv: TPUs, new GPUs) is timed without
+    quantisation.
+    """
+    st = _static(table, accel, precision)
+    k = st.classes
+    gc = st.conv_groups
+    conv_eff = np.where(gc > 0, p.get("conv_rel", 1.0) * gc / (gc + p.get("gconv_half", 0.0))
+                        * conv_generation(accel, p), 1.0)
+    e_max = np.where(st.tensor, matmul_ceiling(accel, p) * conv_eff,
+                     np.where(k == K_DWCONV, p["dwconv_emax"], p["cuda_emax"]))
+    rate = st.peak * e_max
+    bw = accel.memory_bandwidth_bytes_per_s * p["bw_eff"]
     f = table.flops
     with np.errstate(divide="ignore", invalid="ignore"):
-        t_c = np.where(f > 0, (f + f_half) / (pk * e_max), 0.0)
-    passes = np.ones(len(f))
+        t_c = np.where(f > 0, f / rate, 0.0)
+    if len(st.gemm_owner):
+        if st.gemm_grid is not None:
+            secs = kernels.gemm_seconds(st.gemm_grid, rate[st.gemm_owner], st.sms, p["k0"],
+                                        p["tile_h_half"], bw)
+        else:
+            d = st.gemm_dims
+            secs = 2.0 * d.prod(axis=1) * (1 + p["k0"] / np.maximum(d[:, 3], 1)) \
+                / rate[st.gemm_owner]
+        t_c[st.gemm_owner] = 0.0
+        np.add.at(t_c, st.gemm_owner, secs)
+    if len(st.square):
+        n = np.cbrt(np.maximum(f[st.square], 1.0) / 2.0)
+        t_c[st.square] = f[st.square] * (1 + p["k0"] / n) / rate[st.square]
+    if len(st.attn):
+        # FlashAttention-2's throughput by head dimension (against 128) and by the keys a work
+        # item walks (its fixed part: loading the query block, writing the output), both read
+        # off its published curves (efficiency.json `attn_head_dim_half`, `attn_seq_half`)
+        d_half, s_half = p.get("attn_head_dim_half", 0.0), p.get("attn_seq_half", 0.0)
+        eff = (st.attn_head_dim / (st.attn_head_dim + d_half)) / (128 / (128 + d_half)) \
+            * st.attn_keys / (st.attn_keys + s_half)
+        t_c[st.attn] = f[st.attn] / (st.peak[st.attn] * attention_emax(accel, p) * eff) * \
+            st.attn_waves
+    t_m = table.bytes / np.where(k == K_NORM, accel.memory_bandwidth_bytes_per_s * p.get(
+        "norm_bw_eff", p["bw_eff"]), bw)
     if not table.meta.get("channels_last", True):
-        passes = np.where(tc & (k == K_CONV), 1.0 + p.get("nchw_passes", 0.0), 1.0)
-    bw_eff = np.where(k == K_NORM, p.get("norm_bw_eff", p["bw_eff"]), p["bw_eff"])
-    bw = accel.memory_bandwidth_bytes_per_s * bw_eff
-    t_m = table.bytes * passes / bw
-    return np.maximum(t_c, t_m) + p.get("kernel_s", 0.0), t_c >= t_m
+        t_m = t_m * np.where(gc > 0, 1.0 + p.get("nchw_passes", 0.0), 1.0)
+    return np.maximum(t_c, t_m) + p.get("kernel_s", 0.0) * st.launches, t_c >= t_m
 
 
 @dataclass
@@ -342,17 +355,13 @@ def input_pipeline(job, n_devices: int, accel,
 
 
 def estimate_step_time(trace, accel, job, calibration: dict | None = None,
-                       cpu_cores: int | None = None) -> StepTime:
+                       cpu_cores: int | None = None, host_speed: float = 1.0) -> StepTime:
     """Seconds per optimizer step of `job` on `accel` (per device trace, `job.gpus` units).
 
-    Per op the device time (op_times) and the host time to issue it (`host_op_s`: Python,
-    dispatcher and launch in eager PyTorch) overlap, since kernels run asynchronously. If the
-    host could always queue ops ahead of the device, a phase (forward, backward, optimizer) would
-    take max(sum of device times, ops x host_op_s); if it never could (a synchronisation after
-    every op), the sum over ops of max(device, host). Real eager steps sit between: the queue
-    drains at every synchronisation (mask checks, `.item()`, data-dependent shapes) and behind
-    every run of small ops. `host_overlap` (fitted, 0..1) is the share of the way from the
-    second to the first.
+    Each kernel's device time (op_times) runs through the host/device queue (predict/host.py):
+    grad_accum micro-batches back to back, then the optimizer step (after GradScaler's
+    synchronisation under fp16 AMP). `host_speed`: the host CPU's speed relative to the one the
+    host parameters were measured on (platforms' host CPUs: data/host_cpus.csv).
     `cpu_cores` (the platform's) caps DataLoader workers.
     """
     p = calibration or load_efficiency()
@@ -360,31 +369,29 @@ def estimate_step_time(trace, accel, job, calibration: dict | None = None,
     meta = table.meta
     n = max(1, int(job.gpus)) * max(1, int(accel.devices_per_unit))
     t_dev, cbound = op_times(table, accel, job.precision, p)
-    host = p["host_op_s"] * (n if job.strategy is DP and n > 1 else 1)   # DP: one GIL, n devices
-    cnt = table.count
-    ph = table.phase
+    dp = n if job.strategy is DP and n > 1 else 1      # DP: one GIL issues for n devices
+    k = max(1, int(job.grad_accum))
+    q = step_queue(table, t_dev, p, k, host_speed, dp, bool(job.precision.loss_scaling))
+    cnt, ph = table.count, table.phase
     td = t_dev * cnt
     mb = ph != OPTIMIZER                 # forward and backward run once per micro-batch
     compute_mb = float(np.sum(td[mb & cbound]))
     memory_mb = float(np.sum(td[mb & ~cbound]))
-    # phase time: between op by op max(device, host) and max(device sum, host sum); docstring
-    dev = [float(np.sum(td[ph == k])) for k in range(len(PHASES))]
-    hst = [host * float(np.sum(cnt[ph == k])) for k in range(len(PHASES))]
-    ts = np.maximum(t_dev, host) * cnt
-    serial = [float(np.sum(ts[ph == k])) for k in range(len(PHASES))]
-    rho = p.get("host_overlap", 0.0)
-    t_fwd, t_bwd, opt = ((1 - rho) * s_ + rho * max(d, h) for s_, d, h in zip(serial, dev, hst))
-    host_mb = (t_fwd - dev[FORWARD]) + (t_bwd - dev[BACKWARD])
+    t_fwd = q.forward.seconds
+    t_bwd = max(0.0, q.micro_batch.seconds - t_fwd)
+    opt = q.optimizer.device_s
     if job.precision.loss_scaling:
         # GradScaler.unscale_: one foreach pass reads and writes every gradient
         # (_amp_foreach_non_finite_check_and_unscale_), bandwidth-bound
         opt += 2 * meta["gradient_bytes"] / (accel.memory_bandwidth_bytes_per_s * p["bw_eff"])
     if job.strategy.shards_optimizer and n > 1:
         opt /= n                                            # each rank updates its shard
-    k = max(1, int(job.grad_accum))
-    device_s = k * (compute_mb + memory_mb + host_mb)
+    host_exposed = q.exposed_host_s
     comm, extra, notes = exposed_comm(job, accel, meta, n, t_fwd, t_bwd)
-    step = device_s + opt + comm + extra
+    if host_speed != 1.0:
+        notes.append(f"the host CPU issues kernels at {host_speed:.2f}x the reference host's "
+                     "single-thread speed (data/host_cpus.csv)")
+    step = k * (compute_mb + memory_mb) + opt + host_exposed + comm + extra
     data_wait = 0.0
     pipe = input_pipeline(job, n, accel, cpu_cores)
     if pipe is not None:
@@ -393,7 +400,7 @@ def estimate_step_time(trace, accel, job, calibration: dict | None = None,
         step += data_wait
         notes.extend(pipe.notes)
     breakdown = {"compute": k * compute_mb, "memory_bound": k * memory_mb, "communication": comm,
-                 "optimizer": opt, "data_wait": data_wait, "overhead": k * host_mb + extra}
+                 "optimizer": opt, "data_wait": data_wait, "overhead": host_exposed + extra}
     samples = meta["batch_size"] * k * n / step
     tps = meta["tokens_per_sample"]
     peak = _mfu_peak(accel, job.precision, table)
@@ -410,7 +417,16 @@ def _mfu_peak(accel, precision: Precision, table: OpTable) -> float | None:
 
     If some kernels run at a higher rate than the job's dtype suggests (fp32 jobs whose
     convolutions run in TF32), the highest rate used is the denominator, so MFU <= 1 always.
+    Memoised on the table.
     """
+    memo = table.__dict__.setdefault("_mfu_peak", {})
+    key = (accel.id, precision.name)
+    if key not in memo:
+        memo[key] = _peak_used(accel, precision, table)
+    return memo[key]
+
+
+def _peak_used(accel, precision: Precision, table: OpTable) -> float | None:
     dt = precision.compute
     try:
         peak = accel.peak_flops(dt) or accel.peak_flops("fp32")

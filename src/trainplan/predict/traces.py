@@ -619,11 +619,13 @@ _DTYPE_TWIN = {"bfloat16": "float16", "torch.bfloat16": "torch.float16"}
 
 def relabel(tr: Trace, sem: KernelSemantics) -> Trace:
     """The bf16 twin's trace as the fp16 job's: each op's dtype and the semantics renamed."""
-    ops = []
+    ops, made = [], {}
     for r in tr.ops:
         if r.dtype in _DTYPE_TWIN:
-            r = copy.copy(r)
-            r.dtype = _DTYPE_TWIN[r.dtype]
+            if id(r) not in made:          # a record repeated (a stitched trace's blocks: the
+                made[id(r)] = copy.copy(r)  # same object) stays one object (optable._in_order)
+                made[id(r)].dtype = _DTYPE_TWIN[r.dtype]
+            r = made[id(r)]
         ops.append(r)
     return keep_replays(tr, replace(tr, ops=ops, semantics=sem))
 

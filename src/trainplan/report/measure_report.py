@@ -31,9 +31,16 @@ def measure_text(rec: dict, path) -> None:
     d, m, job = rec["device"], rec["measured"], rec["job"]
     acc = rec.get("accelerator")
     where = f"{d['type']} {d['name']}" + (f" = {acc} ({rec['accelerator_source']})" if acc else "")
-    c.print(f"[bold]{job['model']}[/bold], micro-batch {job.get('batch_size', 1)} x "
-            f"{job.get('grad_accum', 1)}, {job.get('precision', 'fp32')}, on {where}: "
-            f"{m['steps']} timed steps after {m['warmup_steps']} warm-up")
+    if rec["source"] == "measure-generate":
+        st = rec["settings"]
+        c.print(f"[bold]{job['model']}[/bold] generating {st['completion_len']} tokens after "
+                f"{st['prompt_len']} for {job.get('batch_size', 1)} sequences, "
+                f"{job.get('precision', 'fp32')}, on {where}: {m['steps']} timed calls after "
+                f"{m['warmup_steps']} warm-up")
+    else:
+        c.print(f"[bold]{job['model']}[/bold], micro-batch {job.get('batch_size', 1)} x "
+                f"{job.get('grad_accum', 1)}, {job.get('precision', 'fp32')}, on {where}: "
+                f"{m['steps']} timed steps after {m['warmup_steps']} warm-up")
     tab = Table(title="predicted against measured (GiB = 2^30 bytes; error = predicted / "
                       "measured - 1)", show_edge=False)
     for col, just in (("quantity", "left"), ("predicted", "right"), ("measured", "right"),
@@ -44,7 +51,8 @@ def measure_text(rec: dict, path) -> None:
         tab.add_row(r.quantity, _fmt(r.predicted, r.unit), _fmt(r.measured, r.unit), err)
     c.print(tab)
     spread = sorted(m["step_times_s"])
-    c.print(f"step times: median {fmt_seconds(m['step_time_s'])}, mean "
+    what = "generate calls" if rec["source"] == "measure-generate" else "step times"
+    c.print(f"{what}: median {fmt_seconds(m['step_time_s'])}, mean "
             f"{fmt_seconds(m['step_time_mean_s'])}, min {fmt_seconds(spread[0])}, max "
             f"{fmt_seconds(spread[-1])}"
             + (f"; loss {m['loss_first']:.4g} -> {m['loss_last']:.4g}"

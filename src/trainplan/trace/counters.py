@@ -32,6 +32,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from . import moe
+from .shapes import kernel_shape
 
 aten = torch.ops.aten
 
@@ -143,6 +144,11 @@ class OpRecord:
     # one more block adds to it (predict/depth.py `extend`): 1 for an op the block runs, for a
     # multi-tensor optimizer op the block's tensors' share of its bytes, else 0
     last_block: float = 0.0
+    # the dimensions the kernel computes over (trace/shapes.py): GEMMs, attention, list lengths
+    shape: tuple = ()
+    # ops the host dispatched since the op before that launch no kernel (views, metadata
+    # queries): CPU time the host spends before it can issue this one (predict/host.py)
+    host_ops: int = 0
 
 
 @dataclass
@@ -216,10 +222,12 @@ class StepCounter(TorchDispatchMode):
     @phase.setter
     def phase(self, value: str) -> None:
         self._phase, self.block = value, -1      # no block runs as a phase begins
+        self.host_pending = 0
 
     def __init__(self, module_tracker=None):
         super().__init__()
-        self.phase = "setup"           # and `block`, the cut stack's block running: -1
+        self.phase = "setup"           # and `block`, the cut stack's block running: -1;
+                                       # `host_pending`, kernel-less ops since the last record: 0
         self.recompute = False
         self.mt = module_tracker
         self.records: list[OpRecord] = []
@@ -417,6 +425,7 @@ class StepCounter(TorchDispatchMode):
             for t in outs:
                 self.track(t)
         if not self.count_ops or packet in VIEW_OPS:
+            self.host_pending += 1
             self.timeline.append((self.phase, self.live))
             return out
         ins = _tensors(args) + _tensors(tuple(kwargs.values()))
@@ -433,7 +442,9 @@ class StepCounter(TorchDispatchMode):
                 float(self.block == self.last_block)
         self.records.append(OpRecord(str(packet).split(".")[-1], op_family(packet), phase, flops,
                                      float(nbytes), dtype.replace("torch.", ""), mod,
-                                     self.recompute, _group_channels(packet, args), last))
+                                     self.recompute, _group_channels(packet, args), last,
+                                     kernel_shape(func, args, kwargs), self.host_pending))
+        self.host_pending = 0
         if flops and mod:
             st = self.modules[mod]
             if phase == "forward":

@@ -1,0 +1,219 @@
+"""The host side of an eager step: what the CPU spends issuing each kernel, and the queue
+between it and the device.
+
+Eager PyTorch issues every kernel from one CPU thread; a CUDA launch only queues the kernel on
+the device's stream, which runs it once the kernels before it are done. So the device runs
+behind the host, and a step is host-bound only where the queue runs dry. With h_i the host time
+to issue kernel i (its own dispatch and the kernel-less ops before it: views, `host_ops` in the
+trace) and d_i its device time, kernel i is issued at H_i = h_1 + ... + h_i and ends at
+E_i = max(H_i, E_{i-1}) + d_i. Unrolled (a max-plus recurrence):
+
+    E_n = D_n + max(0, max_i (H_i - D_{i-1})),   D_i = d_1 + ... + d_i
+
+the device's own time plus the longest stretch by which the host ran behind it. A
+synchronisation (a `.item()`, a data-dependent shape such as `nonzero`, GradScaler's inf check
+before the optimizer step, the step's end) drains the queue: the host waits for the device, and
+the recurrence starts again from there. The same kernels repeated k times (gradient
+accumulation) have, in closed form, E = k D + m + max(0, (k - 1)(H - D)) with m the first
+repetition's max term: the host's lag grows each time only when the host is the slower.
+
+What a kernel costs the host depends on who issues it: a forward op under autograd (Python
+module code, the autograd graph recorded), a backward op (issued by autograd's C++ engine), a
+no-grad forward as in generation, an optimizer step's multi-tensor op (a Python call, as a
+forward op); each view or other kernel-less op before it costs a view's dispatch. Per kind,
+
+    h_kind = host_scale x dispatch_kind + cuda_launch_s      (a view: host_scale x dispatch_view)
+
+`dispatch_kind` is PyTorch's own dispatch cost by path, measured on a CPU with tensors too small
+to cost anything (scripts/host_dispatch.py; efficiency.json `host_dispatch`): what separates the
+paths is PyTorch's, not the GPU's. `cuda_launch_s` is the CPU time of a kernel launch beyond
+the dispatch (CUDA's `cudaLaunchKernel`); no published figure names its host CPU, so it is 0
+and `host_scale` carries it: one fitted number (scripts/calibrate_time.py), how much slower
+the GPU machines of the fit issue an op than that CPU dispatched it (the launch, CUDA's device
+guards, streams and the caching allocator on every op, and the host's own speed). A platform's host CPU scales all of it (`speed`: data/host_cpus.csv, relative to the
+hosts the fit's runs used).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .optable import FORWARD, OPTIMIZER, OpTable
+
+# kernels whose output size depends on the data: the host reads it back before it can go on
+SYNC_OPS = frozenset({"nonzero", "masked_select", "_unique2", "unique_consecutive",
+                      "unique_dim", "_local_scalar_dense"})
+
+
+@dataclass(frozen=True)
+class Queue:
+    """One pass of a kernel sequence through the host/device queue (module docstring)."""
+
+    device_s: float          # D: the kernels' device time
+    host_s: float            # H: the host's time to issue them
+    lag_s: float             # max(0, max_i (H_i - D_{i-1})): how far the host ran behind
+    syncs: int = 0
+
+    @property
+    def seconds(self) -> float:
+        return self.device_s + self.lag_s
+
+    def repeated(self, k: int) -> float:
+        """k passes back to back with no synchronisation between them (closed form)."""
+        k = max(1, int(k))
+        return k * self.device_s + self.lag_s + max(0.0, (k - 1) * (self.host_s - self.device_s))
+
+
+def run_queue(host: np.ndarray, device: np.ndarray, sync: np.ndarray | None = None) -> Queue:
+    """The queue over kernels with host times `host` and device times `device`, in issue order;
+    `sync`: kernels after which the host waits for the device."""
+    if not len(device):
+        return Queue(0.0, 0.0, 0.0)
+    if sync is None or not sync.any():
+        return _segment(host, device)
+    cuts = np.flatnonzero(sync) + 1
+    dev = hst = lag = 0.0
+    for part in np.split(np.arange(len(device)), cuts):
+        if not len(part):
+            continue
+        q = _segment(host[part], device[part])
+        dev, hst, lag = dev + q.device_s, hst + q.host_s, lag + q.lag_s
+    return Queue(dev, hst, lag, int(sync.sum()))
+
+
+def _segment(host: np.ndarray, device: np.ndarray) -> Queue:
+    d_cum = np.cumsum(device)
+    h_cum = np.cumsum(host)
+    before = d_cum - device                  # D_{i-1}
+    lag = max(0.0, float(np.max(h_cum - before)))
+    return Queue(float(d_cum[-1]), float(h_cum[-1]), lag)
+
+
+def host_costs(p: dict) -> dict[str, float]:
+    """Seconds the reference host spends issuing one op of each kind (module docstring)."""
+    d, scale, launch = p["host_dispatch"], p["host_scale"], p["cuda_launch_s"]
+    return {"forward": scale * d["forward_op_s"] + launch,
+            "backward": scale * d["backward_op_s"] + launch,
+            "inference": scale * d["inference_op_s"] + launch,
+            "view": scale * d["view_s"]}
+
+
+def issue_times(table: OpTable, p: dict, speed: float = 1.0, inference: bool = False,
+                processes: int = 1) -> np.ndarray:
+    """Host seconds to issue each kernel of `table.seq` (module docstring). `processes` > 1:
+    torch.nn.DataParallel issues every device's kernels from one Python thread."""
+    c = host_costs(p)
+    per_phase = np.array([c["inference" if inference else "forward"], c["backward"],
+                          c["forward"]], dtype=float)
+    ph = table.phase[table.seq]
+    h = per_phase[ph] + table.seq_host * c["view"]
+    return h * (max(1, processes) / max(speed, 1e-9))
+
+
+def sync_mask(table: OpTable) -> np.ndarray:
+    """True for the kernels of `table.seq` the host waits on (SYNC_OPS); memoised."""
+    memo = table.__dict__.get("_sync")
+    if memo is None:
+        unique = np.fromiter((n in SYNC_OPS for n in table.name), dtype=bool,
+                             count=len(table.name))
+        memo = table.__dict__["_sync"] = unique[table.seq]
+    return memo
+
+
+@dataclass(frozen=True)
+class StepQueue:
+    """A training step through the queue: k micro-batches, then the optimizer step."""
+
+    micro_batch: Queue       # forward + backward of one micro-batch
+    forward: Queue           # forward alone (a reference model's pass)
+    optimizer: Queue
+    seconds: float           # the whole step, k micro-batches and the optimizer
+    device_s: float
+    exposed_host_s: float    # seconds the device waited on the host
+
+
+@dataclass
+class _Issue:
+    """What the queue reads off a table's order that no parameter changes (memoised on it):
+    the phases' extents in `seq` (forward, backward, optimizer follow each other) and, within the
+    micro-batch (forward + backward) and the optimizer, the running counts of each kind of host
+    work, so the host's issue times are a weighted sum of them, not a new cumulative sum."""
+
+    n_fwd: int
+    n_mb: int
+    counts: np.ndarray       # (4, len(seq)): forward, backward, optimizer kernels, views so far
+    sync: bool
+
+
+def _issue(table: OpTable) -> _Issue:
+    memo = table.__dict__.get("_issue")
+    if memo is not None:
+        return memo
+    ph = table.phase[table.seq]
+    n_fwd, n_mb = int((ph == FORWARD).sum()), int((ph != OPTIMIZER).sum())
+    if not (np.all(ph[:n_fwd] == FORWARD) and np.all(ph[n_fwd:n_mb] != OPTIMIZER)):
+        raise ValueError("the op table's order is not forward, backward, optimizer")
+    kinds = np.stack([ph == FORWARD, (ph != FORWARD) & (ph != OPTIMIZER), ph == OPTIMIZER,
+                      np.zeros(len(ph), dtype=bool)]).astype(float)
+    kinds[3] = table.seq_host
+    counts = np.concatenate([np.cumsum(kinds[:, :n_mb], axis=1),
+                             np.cumsum(kinds[:, n_mb:], axis=1)], axis=1)
+    memo = table.__dict__["_issue"] = _Issue(n_fwd, n_mb, counts, bool(sync_mask(table).any()))
+    return memo
+
+
+def step_queue(table: OpTable, device: np.ndarray, p: dict, k: int = 1, speed: float = 1.0,
+               processes: int = 1, sync_before_optimizer: bool = False) -> StepQueue:
+    """Run a training step's kernels through the queue: `device` is each unique op's device
+    time (timing.op_times); k micro-batches back to back, then the optimizer step, which
+    starts after a synchronisation where `sync_before_optimizer` (GradScaler's inf check)."""
+    iss = _issue(table)
+    dev = device[table.seq]
+    if iss.sync:                 # a kernel the host waits on: the general queue, segment-wise
+        host = issue_times(table, p, speed, processes=processes)
+        sync = sync_mask(table)
+        mb, fw, op = slice(0, iss.n_mb), slice(0, iss.n_fwd), slice(iss.n_mb, None)
+        q_mb = run_queue(host[mb], dev[mb], sync[mb])
+        q_fw = run_queue(host[fw], dev[fw], sync[fw])
+        q_opt = run_queue(host[op], dev[op], sync[op])
+    else:
+        c = host_costs(p)
+        w = np.array([c["forward"], c["backward"], c["forward"], c["view"]]) * (
+            max(1, processes) / max(speed, 1e-9))
+        h_cum = w @ iss.counts
+        q_fw, q_mb, q_opt = _prefixes(h_cum, dev, iss.n_fwd, iss.n_mb)
+    k = max(1, int(k))
+    t_mb = k * q_mb.seconds if q_mb.syncs else q_mb.repeated(k)
+    if sync_before_optimizer or q_mb.syncs:
+        total = t_mb + q_opt.seconds
+    else:
+        # the optimizer's kernels follow in the same queue: the host issues them once it has
+        # issued the last micro-batch's, the device runs them once it has run that
+        host_done = k * q_mb.host_s
+        total = max(t_mb, host_done + q_opt.lag_s) + q_opt.device_s
+    device_total = k * q_mb.device_s + q_opt.device_s
+    return StepQueue(q_mb, q_fw, q_opt, total, device_total, max(0.0, total - device_total))
+
+
+def _prefixes(h_cum: np.ndarray, dev: np.ndarray, n_fwd: int, n_mb: int
+              ) -> tuple[Queue, Queue, Queue]:
+    """The forward, the micro-batch (forward + backward) and the optimizer through the queue,
+    from the host's running issue times (each part's own, restarting at the optimizer) and the
+    kernels' device times in order: one running sum of the device times serves all three (the
+    forward is the micro-batch's first part)."""
+    out = []
+    for lo, hi in ((0, n_mb), (n_mb, len(dev))):
+        if hi <= lo:
+            out.append((Queue(0.0, 0.0, 0.0), Queue(0.0, 0.0, 0.0)))
+            continue
+        d = dev[lo:hi]
+        d_cum = np.cumsum(d)
+        gap = h_cum[lo:hi] - (d_cum - d)
+        whole = Queue(float(d_cum[-1]), float(h_cum[hi - 1]), max(0.0, float(gap.max())))
+        n = n_fwd if lo == 0 else 0
+        first = Queue(float(d_cum[n - 1]), float(h_cum[n - 1]), max(0.0, float(gap[:n].max()))) \
+            if n else Queue(0.0, 0.0, 0.0)
+        out.append((whole, first))
+    (mb, fw), (opt, _) = out
+    return fw, mb, opt

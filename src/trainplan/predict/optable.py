@@ -1,0 +1,161 @@
+"""A traced step's ops as the time model reads them: de-duplicated kernels and their order.
+
+Every accelerator times the same ops, so a trace is summarised once (memoised on it): each
+distinct kernel -- (name, family, dtype, phase, convolution?, FLOPs, bytes, channels per group,
+shape) -- once, with its count, and the step's kernels in the order the host issues them
+(`seq`, indices into the table) with the kernel-less ops the host dispatched before each
+(`seq_host`: views and the like, trace/counters.py `host_ops`). The order is what the host/device
+queue (predict/host.py) runs over; the counts are what the totals sum.
+
+A trace read off a cut one (predict/depth.py) holds each of the last block's records once per
+block, the copies appended after the traced ops. In `seq` they are put back where a real step
+runs them: after the last traced block's run in each phase (forward, backward), block after
+block, so a 32-block model's queue sees 32 blocks and then the head, as it runs.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PHASES = ("forward", "backward", "optimizer")
+FORWARD, BACKWARD, OPTIMIZER = range(len(PHASES))     # OpTable.phase codes
+FAMILIES = ("matmul", "attention", "other")
+DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}          # others (int, bool, "") -> 3
+
+
+@dataclass
+class OpTable:
+    """Ops of one trace, de-duplicated, with counts and the order they run in."""
+
+    name: np.ndarray          # aten op name (str), e.g. "mm", "native_layer_norm_backward"
+    family: np.ndarray
+    dtype: np.ndarray
+    phase: np.ndarray
+    conv: np.ndarray
+    flops: np.ndarray
+    bytes: np.ndarray
+    count: np.ndarray
+    group_channels: np.ndarray = None   # convolutions: input channels per group (1 = depthwise)
+    shape: np.ndarray = None            # trace/shapes.py: GEMMs, attention dims, list lengths
+    meta: dict = field(default_factory=dict)   # model_flops, gradient_bytes, params_total, ...
+    seq: np.ndarray = None              # the step's kernels in issue order (indices)
+    seq_host: np.ndarray = None         # kernel-less ops the host dispatched before each
+
+    COLS = ("name", "family", "dtype", "phase", "conv", "flops", "bytes", "count",
+            "group_channels", "shape")
+
+    def __post_init__(self):
+        n = len(self.flops)
+        if self.group_channels is None:
+            self.group_channels = np.zeros(n, dtype=np.int64)
+        if self.shape is None:
+            self.shape = np.empty(n, dtype=object)
+            self.shape[:] = [()] * n
+        if self.seq is None:        # no order known: each op its count of times, phase by phase
+            self.seq = np.repeat(np.arange(n), self.count)
+            self.seq = self.seq[np.argsort(self.phase[self.seq], kind="stable")]
+        if self.seq_host is None:
+            self.seq_host = np.zeros(len(self.seq), dtype=np.int64)
+
+    def to_dict(self) -> dict:
+        cols = {c: getattr(self, c).tolist() for c in self.COLS if c != "shape"}
+        cols["shape"] = [list(s) for s in self.shape]
+        return {"cols": cols, "meta": self.meta, "seq": self.seq.tolist(),
+                "seq_host": self.seq_host.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "OpTable":
+        c = d["cols"]
+        ints = {k: np.asarray(c[k], dtype=np.int64) for k in ("family", "dtype", "phase", "count",
+                                                              "group_channels") if k in c}
+        shape = None
+        if "shape" in c:
+            shape = np.empty(len(c["shape"]), dtype=object)
+            shape[:] = [tuple(s) for s in c["shape"]]
+        seq = d.get("seq")
+        return cls(name=np.asarray(c["name"], dtype=object), conv=np.asarray(c["conv"], dtype=bool),
+                   flops=np.asarray(c["flops"], float), bytes=np.asarray(c["bytes"], float),
+                   meta=d["meta"], shape=shape,
+                   seq=None if seq is None else np.asarray(seq, dtype=np.int64),
+                   seq_host=None if seq is None else np.asarray(d["seq_host"], dtype=np.int64),
+                   **ints)
+
+
+def _in_order(ops: list) -> list:
+    """`ops` as a step runs them: a record that appears more than once (a cut trace's last block,
+    repeated for the blocks left out: predict/depth.py) keeps its first place, and its copies
+    run after the last repeated record of its phase, block after block (module docstring)."""
+    times = Counter(map(id, ops))
+    if max(times.values(), default=1) == 1:
+        return ops
+    out, runs, after = [], {}, {}
+    seen: set[int] = set()
+    for o in ops:
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        out.append(o)
+        if times[id(o)] > 1:
+            runs.setdefault(o.phase, []).append(o)
+            after[o.phase] = len(out)
+    for phase in sorted(after, key=after.get, reverse=True):    # later places first
+        run = runs[phase]
+        copies = [o for c in range(max(times[id(o)] for o in run) - 1) for o in run
+                  if c < times[id(o)] - 1]
+        out[after[phase]:after[phase]] = copies
+    return out
+
+
+def summarize(trace) -> OpTable:
+    """Aggregate `trace.ops` once (memoised on the trace) so every accelerator reuses it."""
+    if isinstance(trace, OpTable):
+        return trace
+    memo = trace.derived
+    if "op_table" in memo:
+        return memo["op_table"]
+    index: dict[tuple, int] = {}
+    of_record: dict[int, int] = {}      # a stitched trace repeats records: each key made once
+    keys, counts, seq, seq_host = [], [], [], []
+    for o in _in_order(trace.ops):
+        i = of_record.get(id(o))
+        if i is None:
+            if o.flops == 0 and o.bytes == 0:
+                continue
+            key = (o.name, FAMILIES.index(o.family), DTYPES.get(o.dtype, 3),
+                   PHASES.index(o.phase), "convolution" in o.name, float(o.flops),
+                   float(o.bytes), int(getattr(o, "group_channels", 0)),
+                   tuple(getattr(o, "shape", ())))
+            i = index.get(key)
+            if i is None:
+                i = index[key] = len(keys)
+                keys.append(key)
+                counts.append(0)
+            of_record[id(o)] = i
+        counts[i] += 1
+        seq.append(i)
+        seq_host.append(getattr(o, "host_ops", 0))
+    if not keys:
+        keys, counts = [("none", 2, 3, 0, False, 0.0, 0.0, 0, ())], [0]
+    arr = list(zip(*keys))
+    shape = np.empty(len(keys), dtype=object)
+    shape[:] = list(arr[8])
+    table = OpTable(np.array(arr[0], dtype=object), np.array(arr[1]), np.array(arr[2]),
+                    np.array(arr[3]), np.array(arr[4], bool), np.array(arr[5], float),
+                    np.array(arr[6], float), np.array(counts), np.array(arr[7], dtype=np.int64),
+                    shape,
+                    meta={"model_flops": float(trace.model_flops),
+                          "gradient_bytes": float(trace.gradient_bytes),
+                          "params_total": int(trace.params_total),
+                          "params_trainable": int(trace.params_trainable),
+                          "weight_bytes": float(trace.weight_bytes),
+                          "largest_block_param_bytes": float(trace.largest_block_param_bytes),
+                          "moe_dispatch_elements": int(trace.moe_dispatch_elements),
+                          "batch_size": int(trace.batch_size),
+                          "tokens_per_sample": trace.tokens_per_sample,
+                          "channels_last": bool(trace.semantics.channels_last)},
+                    seq=np.asarray(seq, dtype=np.int64), seq_host=np.asarray(seq_host,
+                                                                             dtype=np.int64))
+    memo["op_table"] = table
+    return table
