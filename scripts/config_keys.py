@@ -49,7 +49,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "src" / "trainplan" / "data" / "config_keys"
 
-PINS = {   # repository -> commit (each one's newest snapshot on 2026-11-27, or the examples' commit)
+PINS = {   # repository -> commit (its newest snapshot on 2026-11-27, or the examples' commit)
     "axolotl-ai-cloud/axolotl": "067b021c8b87a9e5e380b9173c704cf7340e30f5",
     "hiyouga/LLaMA-Factory": "ff6d4d12eeb035d6ce06805a5733dd7b29f2ac30",
     "hiyouga/LLaMA-Factory@examples": "c3c0efbaa0953ffcdba4b9f51a669cd9cf3c8260",
@@ -251,7 +251,8 @@ def deepspeed(mirrors: Path) -> dict:
                     re.fullmatch(r"[a-z][a-z0-9_]*", node.value.value):
                 keys.add(node.value.value)
     zero_paths = r.files(r"deepspeed/runtime/zero/(?:config|offload_config)\.py") + \
-        r.files(r"deepspeed/runtime/precision_config\.py") + r.files(r"deepspeed/runtime/config_utils\.py")
+        r.files(r"deepspeed/runtime/precision_config\.py") + \
+        r.files(r"deepspeed/runtime/config_utils\.py")
     table = classes({p: r.read(p) for p in zero_paths})
     sections = {"zero_optimization": sorted(set(fields_of("DeepSpeedZeroConfig", table))),
                 "offload_optimizer": sorted(set(fields_of("DeepSpeedZeroOffloadOptimizerConfig",
@@ -289,7 +290,8 @@ READERS = {"axolotl": axolotl, "llama-factory": llamafactory, "trl": trl, "torch
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mirrors", default="/work/.mirror", help="folder of <owner>+<name>/repo clones")
+    ap.add_argument("--mirrors", default="/work/.mirror",
+                    help="folder of <owner>+<name>/repo clones")
     ap.add_argument("--transformers-v4-wheel", type=Path,
                     help="a transformers 4.x wheel (`pip download transformers==4.57.1 --no-deps`)")
     args = ap.parse_args()

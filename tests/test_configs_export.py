@@ -71,7 +71,8 @@ def test_round_trip(cfg, kind, platform, tmp_path):
 
 def test_round_trip_across_frameworks(tmp_path):
     """A torchtune LoRA recipe, exported as every other framework's config, plans the same."""
-    cfg = "tests/data/configs/torchtune/torchtune/recipes/configs/llama3_2/1B_lora_single_device.yaml"
+    cfg = ("tests/data/configs/torchtune/torchtune/recipes/configs/llama3_2/"
+           "1B_lora_single_device.yaml")
     for kind in ("axolotl", "llama-factory", "trl"):
         planned, back, _files, _r = exported(cfg, kind, "aws-p5.4xlarge", tmp_path / kind)
         diff = same(planned, back)

@@ -92,13 +92,26 @@ def load(path: str | None, deepspeed: str | None = None,
 def _read(kind: str, data: dict, path: str, deepspeed: str | None,
           acc: Reading | None) -> Reading:
     if kind == "torchtune":
+        if deepspeed:
+            raise TrainplanError(f"{path} is a torchtune recipe config: torchtune does not run "
+                                 "DeepSpeed.", fix="drop --deepspeed (torchtune's distributed "
+                                                   "recipes shard with FSDP2)")
         text = Path(path).read_text(encoding="utf-8")
         return torchtune.read(data, path, text)
     if kind == "accelerate":
         if acc is not None:
             raise TrainplanError(f"{path} is an accelerate config, and --accelerate gives "
                                  "another.", fix="give one of them")
-        return acc_mod.read(data, path)
+        reading = acc_mod.read(data, path)
+        if deepspeed:                       # as the config's deepspeed_config_file
+            prec = reading.settings.get("precision", "")
+            beside = ds_mod.Trainer("accelerate", bf16=prec.startswith("bf16"),
+                                    fp16=prec.startswith("fp16"))
+            inner = ds_mod.read(load_file(deepspeed, "DeepSpeed config"), deepspeed, beside,
+                                reading.settings.get("gpus"))
+            reading.companions.append(inner)
+            reading.settings.update(ds_mod.apply({}, inner))
+        return reading
     if kind == "deepspeed":
         if deepspeed:
             raise TrainplanError(f"{path} is a DeepSpeed config, and --deepspeed gives "

@@ -46,16 +46,21 @@ AUTO = "auto"
 HIDDEN_SIZED = {"reduce_bucket_size": "hidden_size^2",
                 "stage3_prefetch_bucket_size": "0.9 x hidden_size^2",
                 "stage3_param_persistence_threshold": "10 x hidden_size"}
-# zero_optimization keys whose value changes memory or time, and what trainplan plans instead
+# zero_optimization keys whose value changes memory or time away from DeepSpeed's default
+# (deepspeed/runtime/zero/config.py DeepSpeedZeroConfig), what trainplan plans instead; the
+# stage-3 ones are also spelled without `stage3_` (their pydantic aliases)
 ZERO_UNMODELLED = {
-    "allgather_bucket_size": "planned with the allgather of each parameter group, not its bucket",
-    "stage3_max_live_parameters": "planned with the block computing and the prefetch bucket held",
-    "stage3_max_reuse_distance": "planned with DeepSpeed's default reuse distance",
-    "zero_quantized_weights": "ZeRO++ quantised weight all-gather: planned in 16 bits",
-    "zero_quantized_gradients": "ZeRO++ quantised gradients: planned in 16 bits",
-    "zero_hpz_partition_size": "ZeRO++ hierarchical partitioning: planned as one partition",
-    "mics_shard_size": "MiCS sharding over sub-groups: planned over every device",
-    "sub_group_size": "planned with DeepSpeed's default optimizer sub-group",
+    "allgather_bucket_size": (5e8, "planned with the allgather of each parameter group, not "
+                                   "its bucket"),
+    "stage3_max_live_parameters": (1e9, "planned with the block computing and the prefetch "
+                                        "bucket held"),
+    "stage3_max_reuse_distance": (1e9, "planned with DeepSpeed's default reuse distance"),
+    "sub_group_size": (1e9, "planned with DeepSpeed's default optimizer sub-group"),
+    "zero_quantized_weights": (False, "ZeRO++ quantised weight all-gather: planned in 16 bits"),
+    "zero_quantized_gradients": (False, "ZeRO++ quantised gradients: planned in 16 bits"),
+    "zero_hpz_partition_size": (1, "ZeRO++ hierarchical partitioning: planned as one "
+                                   "partition"),
+    "mics_shard_size": (-1, "MiCS sharding over sub-groups: planned over every device"),
 }
 TOP_UNMODELLED = {
     "activation_checkpointing": "DeepSpeed's own checkpointing API (the model must call it); the "
@@ -89,14 +94,16 @@ class Trainer:
 
 
 def looks_like(data: dict) -> bool:
+    models = {"model", "base_model", "model_name_or_path"}
     return "zero_optimization" in data or "train_micro_batch_size_per_gpu" in data or (
-        "train_batch_size" in data and not {"model", "base_model", "model_name_or_path"} & set(data))
+        "train_batch_size" in data and not models & set(data))
 
 
-def _enabled(value: Any) -> Any:
+def _enabled(value: Any) -> bool:
+    """A section is on unless it says `enabled: false` (or is empty)."""
     if isinstance(value, dict):
-        return value.get("enabled", False if value else None)
-    return value
+        return bool(value) and value.get("enabled", True) not in (False, "false")
+    return bool(value)
 
 
 def read(data: dict, path: str, beside: Trainer | None = None, gpus: int | None = None) -> Reading:
@@ -118,7 +125,7 @@ def read(data: dict, path: str, beside: Trainer | None = None, gpus: int | None 
     c.section("scheduler", {"type", "params"})
     for key, why in TOP_UNMODELLED.items():
         v = c.data.get(key)
-        if v not in (None, False, {}, []) and _enabled(v) not in (False,):
+        if v not in (None, False, {}, []) and _enabled(v):
             c.unmodelled(key, v, why)
     return c.finish()
 
@@ -137,7 +144,8 @@ def _resolve(c: Collector, key: str, beside_value, beside: Trainer | None, what:
         if beside_value is not None and v != beside_value:
             raise c.error(key, f"{v} while {beside.source} sets the {what} to {beside_value}: "
                           "the HF Trainer and accelerate refuse a DeepSpeed value that differs "
-                          "from the trainer's.", fix=f"set {key} to \"auto\" (or to {beside_value})")
+                          "from the trainer's.",
+                          fix=f"set {key} to \"auto\" (or to {beside_value})")
     return v, False
 
 
@@ -198,7 +206,11 @@ def _zero(c: Collector, sections: dict) -> None:
     strategy = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
     meaning = {0: "data parallel, nothing sharded (DDP over several devices)",
                1: "strategy zero1", 2: "strategy zero2", 3: "strategy zero3"}[stage]
-    z.read("stage", stage, meaning, strategy=strategy)
+    if "stage" in z.data:
+        z.read("stage", stage, meaning, strategy=strategy)
+    else:
+        c.assume("no ZeRO stage: 0 (DeepSpeed's default): data parallel, nothing sharded")
+        c.set(strategy=strategy)
     offload = "none"
     for key, what in (("offload_optimizer", "optimizer"), ("offload_param", "params")):
         sub = z.section(key, set(sections.get(key, ())))
@@ -237,9 +249,11 @@ def _zero(c: Collector, sections: dict) -> None:
                 else:
                     z.unmodelled(spelled, v, f"planned with {size} elements (the HF Trainer's "
                                              "\"auto\")")
-    for key, why in ZERO_UNMODELLED.items():
-        if z.data.get(key) not in (None, False):
-            z.unmodelled(key, z.take(key), why)
+    for key, (default, why) in ZERO_UNMODELLED.items():
+        for spelled in dict.fromkeys((key, key.replace("stage3_", ""))):
+            v = z.data.get(spelled)
+            if v is not None and v != default:
+                z.unmodelled(spelled, z.take(spelled), why)
 
 
 def _precision(c: Collector, sections: dict, beside: Trainer | None) -> None:

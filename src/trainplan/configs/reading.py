@@ -94,7 +94,7 @@ class Reading:
             out += _wrap(f"unknown keys (not {self.label}'s, nor trainplan's; ignored): "
                          + ", ".join(self.unknown), width, "  ", "    ")
         if self.ignored:
-            out += _wrap(f"no effect on memory or time ({len(self.ignored)}): "
+            out += _wrap(f"no effect on memory or time as set ({len(self.ignored)}): "
                          + ", ".join(self.ignored), width, "  ", "    ")
         return out
 

@@ -73,8 +73,9 @@ def read(data: dict, path: str, deepspeed: str | None = None) -> Reading:
     algorithm = which(data, path)
     plain = not (TRL_MARKERS & set(data)) and "model_name_or_path" not in data
     c = Collector("hf-trainer" if plain else "trl", path, data, set(keys))
-    c.assume(f"trainer: {'GRPOTrainer' if algorithm == 'grpo' else 'DPOTrainer' if algorithm == 'dpo' else 'SFTTrainer' if not plain else 'the HF Trainer (TrainingArguments)'}"
-             " (from the keys the file sets)")
+    trainer = "the HF Trainer (TrainingArguments)" if plain else {
+        "grpo": "GRPOTrainer", "dpo": "DPOTrainer"}.get(algorithm, "SFTTrainer")
+    c.assume(f"trainer: {trainer} (from the keys the file sets)")
     c.set(algorithm=algorithm)
     name = c.take("model_name_or_path")
     model = None
