@@ -231,6 +231,36 @@ def test_fields_read(name, want):
     assert got == want
 
 
+def test_llamafactory_freeze_trains_the_last_blocks(tmp_path):
+    """finetuning_type freeze: the last freeze_trainable_layers blocks train, everything else
+    (embeddings, final norm, the other blocks) is frozen (LLaMA-Factory adapter.py
+    _setup_freeze_tuning); the prefixes are the built model's own (the trace checks them)."""
+    from trainplan.accelerators import get_accelerator
+    from trainplan.estimate import estimate
+    cfg = tmp_path / "freeze.yaml"
+    cfg.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\nstage: sft\nfinetuning_type: freeze\n"
+                   "freeze_trainable_layers: 2\ncutoff_len: 256\nper_device_train_batch_size: 2\n"
+                   "bf16: true\n")
+    job, _ = configs.load(str(cfg))
+    assert "model.layers.21" in job.frozen and "model.layers.22" not in job.frozen
+    est = estimate(validate(job.with_(gpu="h100-sxm")), get_accelerator("h100-sxm"),
+                   with_max_batch=False)
+    assert 0 < est.trace.params_trainable < est.trace.params_total / 5
+
+
+def test_axolotl_grpo_rollout(tmp_path):
+    cfg = tmp_path / "grpo.yml"
+    cfg.write_text("base_model: Qwen/Qwen2.5-0.5B\nrl: grpo\nsequence_len: 1024\n"
+                   "micro_batch_size: 4\ntrl: {num_generations: 4, max_completion_length: 256, "
+                   "beta: 0.04, use_vllm: true, vllm_mode: colocate}\n"
+                   "vllm: {gpu_memory_utilization: 0.4}\ndatasets: [{path: x, type: y}]\n")
+    job, reading = configs.load(str(cfg))
+    r = validate(job).rollout
+    assert (r.generations, r.prompt_len, r.completion_len, r.beta, r.engine,
+            r.gpu_memory_utilization) == (4, 768, 256, 0.04, "vllm-colocate", 0.4)
+    assert not reading.unknown
+
+
 def test_grpo_rollout_from_trl():
     job, _ = configs.load(str(DATA / "trl/open-r1/recipes/Qwen2.5-1.5B-Instruct/grpo/"
                                      "config_demo.yaml"))

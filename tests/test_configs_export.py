@@ -33,19 +33,31 @@ def _from_repo_root(monkeypatch):
     monkeypatch.chdir(Path(__file__).parents[1])
 
 
-def exported(cfg: str, kind: str, platform: str, out: Path, steps: int | None = 50):
-    """(the planned job, the job read back from the export, the files, the reading)."""
+def planned(cfg: str, platform: str, steps: int | None = 50):
+    """(Export of the plan for `platform`, the platform): the job the plan runs there."""
     job, reading = configs.load(cfg)
     job = validate(job.with_(steps=steps) if steps else job)
     plats = select_platforms([platform])
     plan = make_plan(job, plats)
     pp = plan.platforms[0]
     ln = launch_from_plan(plan, pp, job, job_file=cfg)
-    e = Export(ln, final_job(job, plats[0], pp), reading, steps)
-    files = render(ln, kind, framework=e)
+    return Export(ln, final_job(job, plats[0], pp), reading, steps), plats[0]
+
+
+def read_back(e: Export, platform, kind: str, out: Path):
+    """(the files written, the job read back from them as the same platform runs it, the
+    reading)."""
+    files = render(e.ln, kind, framework=e)
     write(files, out)
     back, reading_back = configs.load(str(out / NAMES[kind]))
-    back = platform_job(validate(back), plats[0])[0]        # the same platform's adaptations
+    back = platform_job(validate(back), platform)[0]        # the same platform's adaptations
+    return files, back, reading_back
+
+
+def exported(cfg: str, kind: str, platform: str, out: Path, steps: int | None = 50):
+    """(the planned job, the job read back from the export, the files, the reading)."""
+    e, plat = planned(cfg, platform, steps)
+    files, back, reading_back = read_back(e, plat, kind, out)
     return e.job, back, files, reading_back
 
 
@@ -71,11 +83,11 @@ def test_round_trip(cfg, kind, platform, tmp_path):
 
 def test_round_trip_across_frameworks(tmp_path):
     """A torchtune LoRA recipe, exported as every other framework's config, plans the same."""
-    cfg = ("tests/data/configs/torchtune/torchtune/recipes/configs/llama3_2/"
-           "1B_lora_single_device.yaml")
+    e, plat = planned("tests/data/configs/torchtune/torchtune/recipes/configs/llama3_2/"
+                      "1B_lora_single_device.yaml", "aws-p5.4xlarge")
     for kind in ("axolotl", "llama-factory", "trl"):
-        planned, back, _files, _r = exported(cfg, kind, "aws-p5.4xlarge", tmp_path / kind)
-        diff = same(planned, back)
+        _files, back, _r = read_back(e, plat, kind, tmp_path / kind)
+        diff = same(e.job, back)
         if kind == "llama-factory":   # LLaMA-Factory's lora_target names modules, not roles
             diff.pop("lora", None)
         assert not diff, (kind, diff)
@@ -101,15 +113,26 @@ def test_zero3_writes_a_deepspeed_config_the_export_reads_back(tmp_path):
     assert [c.kind for c in reading.companions] == ["deepspeed"]
 
 
-@pytest.mark.parametrize("kind", sorted(NAMES))
-def test_written_keys_are_the_frameworks(kind, tmp_path):
-    """From a trainplan job (no source config), every top-level key written is one the
-    framework's schema defines (data/config_keys/<kind>.json)."""
-    job_file = tmp_path / "job.yaml"
+@pytest.fixture(scope="module")
+def tiny_plan(tmp_path_factory):
+    """A trainplan job (no framework config), planned once for the module."""
+    job_file = tmp_path_factory.mktemp("tiny") / "job.yaml"
     job_file.write_text("name: tiny\nmodel: hf:Qwen/Qwen2.5-0.5B\nbatch_size: 2\nseq_len: 256\n"
                         "precision: bf16\nlora: {rank: 8, alpha: 16, targets: all-linear}\n"
                         "steps: 20\n")
-    _p, _b, files, _r = exported(str(job_file), kind, "aws-p5.4xlarge", tmp_path / "out", 20)
+    return planned(str(job_file), "aws-p5.4xlarge", 20)
+
+
+@pytest.mark.parametrize("kind", sorted(NAMES))
+def test_written_keys_are_the_frameworks(kind, tiny_plan, tmp_path):
+    """From a trainplan job (no source config), every top-level key written is one the
+    framework's schema defines (data/config_keys/<kind>.json), and it reads back the same."""
+    e, plat = tiny_plan
+    files, back, _r = read_back(e, plat, kind, tmp_path)
+    diff = same(e.job, back)
+    if kind == "torchtune":          # all-linear is written as torchtune's module flags
+        diff.pop("lora", None)
+    assert not diff, diff
     data = yaml.safe_load(files[NAMES[kind]])
     keys, _ = known_keys({"axolotl": "axolotl", "llama-factory": "llama-factory", "trl": "trl",
                           "torchtune": "torchtune"}[kind])

@@ -202,7 +202,8 @@ def _freeze(c: Collector, model: str) -> None:
                      "whole blocks of a bundled model only: planned as full training")
         return
     trained = range(layers - n, layers) if n > 0 else range(0, -n)
-    frozen = ["model.embed_tokens", "model.norm", "lm_head"] + [
+    tied = cfg.get("tie_word_embeddings", True)         # a tied head is the embedding's weight
+    frozen = ["model.embed_tokens", "model.norm"] + ([] if tied else ["lm_head"]) + [
         f"model.layers.{i}" for i in range(layers) if i not in trained]
     c.read("finetuning_type", "freeze", f"blocks {trained.start}-{trained.stop - 1} of "
            f"{layers} trained, the rest frozen (embeddings, norm, head too)",
