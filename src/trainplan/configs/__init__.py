@@ -81,7 +81,7 @@ def load(path: str | None, deepspeed: str | None = None,
     if deepspeed:
         beside = ds_mod.Trainer("the job", micro_batch=base.batch_size, grad_accum=base.grad_accum,
                                 bf16=base.precision.is_bf16, fp16=base.precision.is_fp16,
-                                world=base.gpus if base.gpus > 1 else None)
+                                world=base.gpus if base.gpus > 1 else None, strict=False)
         inner = ds_mod.read(load_file(deepspeed, "DeepSpeed config"), deepspeed, beside,
                             acc.settings.get("gpus") if acc else None)
         reading.companions.append(inner)
@@ -106,7 +106,7 @@ def _read(kind: str, data: dict, path: str, deepspeed: str | None,
         if deepspeed:                       # as the config's deepspeed_config_file
             prec = reading.settings.get("precision", "")
             beside = ds_mod.Trainer("accelerate", bf16=prec.startswith("bf16"),
-                                    fp16=prec.startswith("fp16"))
+                                    fp16=prec.startswith("fp16"), strict=False)
             inner = ds_mod.read(load_file(deepspeed, "DeepSpeed config"), deepspeed, beside,
                                 reading.settings.get("gpus"))
             reading.companions.append(inner)
@@ -119,7 +119,7 @@ def _read(kind: str, data: dict, path: str, deepspeed: str | None,
         gpus = acc.settings.get("gpus") if acc else None
         prec = acc.settings.get("precision", "") if acc else ""
         beside = ds_mod.Trainer("accelerate", bf16=prec.startswith("bf16"),
-                                fp16=prec.startswith("fp16")) if acc else None
+                                fp16=prec.startswith("fp16"), strict=False) if acc else None
         return ds_mod.read(data, path, beside, gpus)
     return READERS[kind](data, path, deepspeed=deepspeed)
 

@@ -97,6 +97,7 @@ def _deepspeed(c: Collector, sections: dict) -> None:
         where = find_beside(str(file), c.reading.path, "DeepSpeed config", "--deepspeed")
         gas = sec.data.get("gradient_accumulation_steps")
         beside = ds_mod.Trainer("accelerate", grad_accum=gas if isinstance(gas, int) else None,
+                                strict=False,
                                 bf16=c.reading.settings.get("precision") == "bf16-amp",
                                 fp16=c.reading.settings.get("precision") == "fp16-amp")
         inner = ds_mod.read(load_file(where, "DeepSpeed config"), str(where), beside,

@@ -91,6 +91,8 @@ class Trainer:
     bf16: bool | None = None
     fp16: bool | None = None
     world: int | None = None
+    strict: bool = True              # the HF Trainer refuses a value it did not ask for; beside
+                                     # a trainplan job (--deepspeed) DeepSpeed's explicit values win
 
 
 def looks_like(data: dict) -> bool:
@@ -141,7 +143,7 @@ def _resolve(c: Collector, key: str, beside_value, beside: Trainer | None, what:
         return None, True
     if v is not None:
         v = c.int_(key, v)
-        if beside_value is not None and v != beside_value:
+        if beside_value is not None and v != beside_value and beside.strict:
             raise c.error(key, f"{v} while {beside.source} sets the {what} to {beside_value}: "
                           "the HF Trainer and accelerate refuse a DeepSpeed value that differs "
                           "from the trainer's.",
@@ -274,6 +276,11 @@ def _precision(c: Collector, sections: dict, beside: Trainer | None) -> None:
             v = bool(trainer_value)
             sec.read("enabled", AUTO, f"{'on' if v else 'off'}: {name} of {b.source}")
         else:
+            if b.strict and trainer_value is not None and bool(v) != bool(trainer_value):
+                raise sec.error("enabled", f"{show(v)} while {b.source} sets {name} "
+                                f"{'on' if trainer_value else 'off'}: the HF Trainer refuses a "
+                                "DeepSpeed value that differs from its own.",
+                                fix=f"set {name}.enabled to \"auto\"")
             sec.read("enabled", v, f"{name} {'on' if v else 'off'}")
         got[name] = bool(v)
     if got.get("bf16"):
