@@ -174,6 +174,27 @@ def test_deepspeed_value_that_contradicts_the_trainer_is_refused(tmp_path):
         configs.load(str(cfg))
 
 
+def test_deepspeed_16_bit_mode_that_contradicts_the_trainer_is_refused(tmp_path):
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 2}, "fp16": {"enabled": True}}))
+    cfg = tmp_path / "axolotl.yml"
+    cfg.write_text(f"base_model: Qwen/Qwen2.5-0.5B\nmicro_batch_size: 2\nbf16: true\n"
+                   f"deepspeed: {ds}\ndatasets: [{{path: x, type: alpaca}}]\n")
+    with pytest.raises(TrainplanError, match="fp16.enabled: true while axolotl sets fp16 off"):
+        configs.load(str(cfg))
+
+
+def test_deepspeed_flag_over_a_trainplan_job_wins(tmp_path):
+    """--deepspeed is given on the command line: its explicit values go over the job file's."""
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text("model: hf:Qwen/Qwen2.5-0.5B\nbatch_size: 2\nprecision: fp32\n")
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True},
+                              "train_micro_batch_size_per_gpu": 4}))
+    job, _ = configs.load(str(job_file), deepspeed=str(ds))
+    assert (job.batch_size, job.precision.name, job.strategy.name) == (4, "bf16-amp", "zero3")
+
+
 def test_deepspeed_batch_triple_gives_the_world_size(tmp_path):
     """DeepSpeed checks train_batch_size = micro x accumulation x world size: all three pin the
     devices (DeepSpeedConfig._set_batch_related_parameters)."""
