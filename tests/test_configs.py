@@ -127,6 +127,17 @@ def test_unknown_key_is_listed(tmp_path, capsys):
     assert "unknown keys: micro_batch_sise" in out.replace("\n", " ")     # and in the notes
 
 
+def test_estimate_json_carries_the_reading(capsys):
+    rc = main(["estimate", "tests/data/configs/axolotl/axolotl/examples/qwen2/dpo.yaml", "--gpu",
+               "h100-sxm", "--format", "json"])
+    out, err = capsys.readouterr()
+    doc = json.loads(out)                         # stdout stays JSON: the reading went to stderr
+    assert rc == 0 and err.startswith("read from axolotl")
+    reading = doc["config_reading"]
+    assert reading["kind"] == "axolotl"
+    assert {"key": "micro_batch_size", "value": 2, "meaning": "micro-batch 2"} in reading["read"]
+
+
 def test_unknown_key_in_a_nested_section_is_named_dotted(tmp_path):
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"zero_optimization": {"stage": 2, "stagee": 3},

@@ -44,7 +44,10 @@ def estimate_command(args: argparse.Namespace) -> int:
     from ..measure.calibrate import user_calibration
     est = estimate(job, accel, user_calibration())
     if args.format == "json":
-        print(json.dumps(to_json(est), indent=2))
+        doc = to_json(est)
+        if getattr(args, "config_reading", None) is not None:   # what each config key became
+            doc["config_reading"] = args.config_reading.to_json()
+        print(json.dumps(doc, indent=2))
     else:
         from ..report.estimate_report import estimate_text
         estimate_text(est)

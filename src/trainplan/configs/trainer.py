@@ -89,6 +89,7 @@ def read_steps(c: Collector, steps_key: str = "max_steps",
         c.read(epochs_key, c.data[epochs_key], f"{e:g} epochs (with --dataset-size N for the "
                                                "steps)", epochs=e)
     elif epochs_default is not None:
+        c.assume(f"{epochs_key} not set: {epochs_default:g}")
         c.set(epochs=epochs_default)
 
 
