@@ -2,7 +2,7 @@
 
     cli/, report/, measure/, plan/   read the prediction core
     predict/                         the prediction core: imports none of the above
-    spec.py, precision.py, strategy.py, models/, trace/
+    spec.py, precision.py, strategy.py, models/, trace/, configs/
                                      below the core: import none of predict/ and the above
 
 Every `import` and `from ... import` of a module counts, absolute (`trainplan.plan`) or relative
@@ -21,7 +21,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "trainplan"
 
 UPPER = ("trainplan.plan", "trainplan.report", "trainplan.measure", "trainplan.cli")
 CORE = "trainplan.predict"
-LOWER = ("spec.py", "precision.py", "strategy.py", "models", "trace")
+LOWER = ("spec.py", "precision.py", "strategy.py", "models", "trace", "configs")
 
 
 def module_name(path: Path) -> str:

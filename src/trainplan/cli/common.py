@@ -12,7 +12,7 @@ from ..errors import TrainplanError
 from ..models.hub import set_allow_download
 from ..strategy import SINGLE
 from ..spec import (ATTENTIONS, CHECKPOINT_IMPLS, CHECKPOINTING, OFFLOADS, OPTIMIZERS, PRECISIONS,
-                    QUANTIZE, STRATEGIES, TASKS, Job, Lora, load_job, validate)
+                    QUANTIZE, STRATEGIES, TASKS, Job, Lora, validate)
 
 
 def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) -> None:
@@ -20,7 +20,14 @@ def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) ->
     if not model_positional:
         g.add_argument("--model", help="hf:<id>, hf:./config.json, timm:<name>, torchvision:<name>, "
                                        "transformer, py:<module>:<factory>")
-    g.add_argument("--job", dest="job_file", help="YAML job file")
+    g.add_argument("--job", dest="job_file", help="YAML job file, or an axolotl, LLaMA-Factory, "
+                                                  "TRL, torchtune, DeepSpeed or accelerate config")
+    g.add_argument("--deepspeed", metavar="DS_JSON",
+                   help="a DeepSpeed config beside the job (its ZeRO stage, offload, 16-bit mode; "
+                        "\"auto\" filled from the job)")
+    g.add_argument("--accelerate", metavar="ACC_YAML",
+                   help="an accelerate config beside the job (its processes, strategy, "
+                        "mixed precision)")
     g.add_argument("--gpu", help="accelerator id (trainplan catalog)")
     g.add_argument("--gpus", type=int, help="devices")
     g.add_argument("--strategy", choices=STRATEGIES)
@@ -86,9 +93,18 @@ _ROLLOUT_FLAGS = {"generations": "generations", "prompt_len": "prompt_len",
 
 
 def job_from_args(args: argparse.Namespace, job_file: str | None = None) -> Job:
+    """The job: a trainplan YAML or a framework's config (configs/), the flags over it. What a
+    framework config became is kept in `args.config_reading` (shown by `show_reading`)."""
     set_allow_download(getattr(args, "allow_download", False))
     path = job_file or getattr(args, "job_file", None)
-    job = load_job(path) if path else Job()
+    ds, acc = getattr(args, "deepspeed", None), getattr(args, "accelerate", None)
+    reading = None
+    if path or ds or acc:
+        from ..configs import load as load_config
+        job, reading = load_config(path, deepspeed=ds, accelerate=acc)
+    else:
+        job = Job()
+    args.config_reading = reading
     kw = {}
     model = getattr(args, "model", None)
     if model:
@@ -117,7 +133,43 @@ def job_from_args(args: argparse.Namespace, job_file: str | None = None) -> Job:
             kw["seq_len"] = None      # the job file's seq_len was its old prompt + completion
     job = replace(job, **kw)
     if job.model == "transformer" and job.transformer is None:
-        raise TrainplanError("No model given.",
+        named = f"The {reading.label} config {reading.path} names no model." if (
+            reading is not None and reading.kind not in ("trainplan",)) else "No model given."
+        raise TrainplanError(named,
                              fix="pass --model (e.g. hf:google-bert/bert-large-uncased) or a job "
                                  "file (e.g. examples/graphmer-se.yaml)")
-    return validate(job)
+    try:
+        return validate(job)
+    except TrainplanError as e:     # say which file named a model trainplan cannot find
+        if reading is None or reading.kind == "trainplan" or "model" in kw or \
+                not e.what.startswith("Unknown model"):
+            raise
+        raise TrainplanError(f"{reading.label} config {reading.path}: {e.what}",
+                             allowed=e.allowed, fix=e.fix) from None
+
+
+def show_reading(args: argparse.Namespace, stream=None) -> None:
+    """What the framework configs became (configs/reading.py), before the results."""
+    import sys
+    reading = getattr(args, "config_reading", None)
+    lines = reading.lines() if reading is not None else []
+    if lines:
+        print("\n".join(lines) + "\n", file=stream or sys.stdout, flush=True)
+
+
+NOMINAL_STEPS = 1000   # a unit to read time and cost in, not an estimate of the run's length
+
+
+def run_length(args: argparse.Namespace, job: Job) -> Job:
+    """A framework config gives epochs but not the dataset's size (its datasets are named, not
+    counted): plan NOMINAL_STEPS optimizer steps so that time to finish and cost read per that
+    many, and say so. --steps, or --dataset-size with the epochs, give the real length."""
+    reading = getattr(args, "config_reading", None)
+    if reading is None or reading.kind == "trainplan" or job.steps or job.dataset_size or \
+            getattr(args, "epochs", None) is not None:
+        return job
+    what = f"{job.epochs:g} epoch(s)" if job.epochs else "no length"
+    note = (f"run length: the {reading.label} config gives {what} over a dataset whose size it "
+            f"does not give; planned {NOMINAL_STEPS:,} optimizer steps, so time and cost read "
+            "per that many (give --dataset-size N or --steps N)")
+    return job.with_(steps=NOMINAL_STEPS, notes=job.notes + (note,))

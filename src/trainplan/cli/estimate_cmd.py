@@ -10,7 +10,7 @@ import json
 
 from ..accelerators import get_accelerator
 from ..errors import TrainplanError
-from .common import add_job_flags, job_from_args
+from .common import add_job_flags, job_from_args, show_reading
 
 
 def estimate_command_parser(sub) -> None:
@@ -18,7 +18,9 @@ def estimate_command_parser(sub) -> None:
                        description="Estimate a job on one accelerator (--gpu). Memory is per device. "
                                    "Exit status: 0 (fit or not), 1 with --check when the job does "
                                    "not fit, 2 for bad input.")
-    p.add_argument("job_file_pos", nargs="?", metavar="JOB", help="YAML job file (optional)")
+    p.add_argument("job_file_pos", nargs="?", metavar="JOB",
+                   help="YAML job file, or an axolotl, LLaMA-Factory, TRL, torchtune, DeepSpeed or "
+                        "accelerate config (optional)")
     add_job_flags(p)
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--check", action="store_true",
@@ -36,11 +38,16 @@ def estimate_command(args: argparse.Namespace) -> int:
         raise TrainplanError("estimate needs an accelerator.",
                              fix="add --gpu ID (list them with `trainplan catalog`)")
     accel = get_accelerator(job.gpu)
+    import sys
+    show_reading(args, sys.stdout if args.format == "text" else sys.stderr)
     from ..estimate import estimate, to_json          # PyTorch: imported once the input is read
     from ..measure.calibrate import user_calibration
     est = estimate(job, accel, user_calibration())
     if args.format == "json":
-        print(json.dumps(to_json(est), indent=2))
+        doc = to_json(est)
+        if getattr(args, "config_reading", None) is not None:   # what each config key became
+            doc["config_reading"] = args.config_reading.to_json()
+        print(json.dumps(doc, indent=2))
     else:
         from ..report.estimate_report import estimate_text
         estimate_text(est)

@@ -1,24 +1,27 @@
 """`trainplan export JOB --platform ID --to KIND --out DIR`: the plan for one platform, as launch
-files: torchrun, accelerate, deepspeed, slurm, skypilot, kaggle, colab, or all (export/)."""
+files: torchrun, accelerate, deepspeed, slurm, skypilot, kaggle, colab, or all (export/); or as
+a fine-tuning framework's config: axolotl, llama-factory, trl, torchtune."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
 from ..errors import TrainplanError
-from .common import add_job_flags, job_from_args
+from .common import add_job_flags, job_from_args, run_length, show_reading
 
 
 def export_command_parser(sub) -> None:
-    from ..export import KINDS
+    from ..export import FRAMEWORKS, KINDS
     p = sub.add_parser("export", help="write launch files for a plan: torchrun, accelerate, "
-                                      "deepspeed, slurm, skypilot, kaggle/colab kits",
+                                      "deepspeed, slurm, skypilot, kaggle/colab kits, or an "
+                                      "axolotl / LLaMA-Factory / TRL / torchtune config",
                        description=__doc__.splitlines()[0])
     p.add_argument("job_file_pos", nargs="?", metavar="JOB", help="YAML job file")
     p.add_argument("--platform", help="platform id (trainplan catalog platforms); or --gpu ID "
                                       "--gpus N for N of an accelerator (16: 2 nodes of 8)")
     p.add_argument("--platforms-file", help="YAML file of your own platforms")
-    p.add_argument("--to", required=True, choices=KINDS + ("all",), help="what to write")
+    p.add_argument("--to", required=True, choices=KINDS + FRAMEWORKS + ("all",),
+                   help="what to write")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write into")
     p.add_argument("--script", default="train.py", help="training script the launchers run "
                                                         "(default train.py)")
@@ -38,10 +41,14 @@ def export_command(args: argparse.Namespace) -> int:
     from ..platforms import platforms_with, select_platforms
     path = args.job_file_pos or args.job_file
     job = job_from_args(args, path)
+    import sys
+    show_reading(args, sys.stderr)
     if args.steps is not None:
         if args.steps <= 0:
             raise TrainplanError(f"--steps must be a positive integer, got {args.steps}.")
         job = job.with_(steps=args.steps, epochs=None, dataset_size=None)
+    asked_steps = job.steps            # a framework config gets max_steps only when asked for
+    job = run_length(args, job)
     if args.platform and (args.gpu or args.gpus):
         raise TrainplanError("--platform and --gpu/--gpus both choose the platform.",
                              fix="give one: --platform ID, or --gpu ID --gpus N")
@@ -58,8 +65,16 @@ def export_command(args: argparse.Namespace) -> int:
     pp = plan.platforms[0]
     ln = launch_from_plan(plan, pp, job, job_file=path, script=args.script)
     job_text = Path(path).read_text(encoding="utf-8") if path else None
+    framework = None
+    from ..export import FRAMEWORKS
+    if args.to in FRAMEWORKS:
+        from ..export.frameworks import Export, final_job, refuse_own_file
+        framework = Export(ln, final_job(job, platforms[0], pp), args.config_reading,
+                           asked_steps)
     files = render(ln, args.to, job_text=job_text, dataset=args.dataset, spot=args.spot,
-                   install=args.install)
+                   install=args.install, framework=framework)
+    if framework is not None:
+        refuse_own_file(files, args.out, [path, args.deepspeed, args.accelerate])
     written = write(files, args.out)
     for p in written:
         print(p)

@@ -19,7 +19,7 @@ import contextlib
 from pathlib import Path
 
 from ..errors import TrainplanError
-from .common import add_job_flags, job_from_args
+from .common import add_job_flags, job_from_args, run_length, show_reading
 
 DEFAULT_JOB = "examples/graphmer-se.yaml"
 
@@ -28,7 +28,8 @@ def plan_command_parser(sub) -> None:
     p = sub.add_parser("plan", help="plan a job over platforms: fit, fixes, time, sessions, cost, ranking",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("job_file_pos", nargs="?", metavar="JOB",
-                   help=f"YAML job file (default: {DEFAULT_JOB})")
+                   help=f"YAML job file, or an axolotl, LLaMA-Factory, TRL, torchtune, DeepSpeed "
+                        f"or accelerate config (default: {DEFAULT_JOB})")
     p.add_argument("--platforms", help="comma-separated platform ids (trainplan catalog platforms), "
                                        "or 'all' for every current one")
     p.add_argument("--platforms-file", help="YAML file of your own platforms (added to the catalog)")
@@ -132,8 +133,11 @@ def campaign_spec(args: argparse.Namespace, job):
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    path = args.job_file_pos or (None if getattr(args, "model", None) or args.job_file else _default_job())
+    path = args.job_file_pos or (None if getattr(args, "model", None) or args.job_file
+                                 or args.deepspeed or args.accelerate else _default_job())
     job = job_from_args(args, path)
+    import sys
+    show_reading(args, sys.stdout if args.format == "text" else sys.stderr)
     for name in ("steps", "dataset_size", "target_batch"):
         _positive(name.replace("_", "-"), getattr(args, name))
     _positive("epochs", args.epochs, integer=False)
@@ -143,7 +147,7 @@ def plan_command(args: argparse.Namespace) -> int:
         kw.update(epochs=None, dataset_size=None)
     elif args.epochs is not None:
         kw["steps"] = None
-    job = job.with_(**kw)
+    job = run_length(args, job.with_(**kw))
     if job.epochs is not None and not job.steps and not job.dataset_size:
         raise TrainplanError("--epochs needs the dataset size.", fix="add --dataset-size N (samples per epoch)")
     platforms = _platforms(args, job)

@@ -1,6 +1,7 @@
 """`trainplan export`: a plan, as files the engines people already use launch (torchrun,
-accelerate, DeepSpeed, Slurm, SkyPilot) and as Kaggle/Colab kits. One module per kind; all read
-the plan through `common.launch_from_plan`.
+accelerate, DeepSpeed, Slurm, SkyPilot), as Kaggle/Colab kits, and as the configs of the
+fine-tuning frameworks (axolotl, LLaMA-Factory, TRL, torchtune: frameworks.py). One module per
+kind; all read the plan through `common.launch_from_plan`.
 
 Every file is rendered in memory first (dataset limits checked, notebooks validated), then each is
 written with `atomic_write`: bad input writes nothing."""
@@ -17,8 +18,9 @@ if TYPE_CHECKING:
     from .common import Launch
 
 KINDS = ("torchrun", "accelerate", "deepspeed", "slurm", "skypilot", "kaggle", "colab")
+FRAMEWORKS = ("axolotl", "llama-factory", "trl", "torchtune")   # need the job (`framework=`)
 
-__all__ = ["KINDS", "Launch", "launch_from_plan", "render", "write"]
+__all__ = ["FRAMEWORKS", "KINDS", "Launch", "launch_from_plan", "render", "write"]
 
 
 def __getattr__(name: str):
@@ -31,8 +33,17 @@ def __getattr__(name: str):
 
 
 def render(ln: Launch, kind: str, *, job_text: str | None = None, dataset: str | None = None,
-           spot: bool | None = None, install: str = "trainplan") -> dict[str, str | bytes]:
-    """{relative path: content} for `kind` ("all": every kind, each in its own folder)."""
+           spot: bool | None = None, install: str = "trainplan",
+           framework=None) -> dict[str, str | bytes]:
+    """{relative path: content} for `kind` ("all": every launcher and kit kind, each in its own
+    folder). A framework config (FRAMEWORKS) needs `framework`: frameworks.Export."""
+    if kind in FRAMEWORKS:
+        if framework is None:
+            raise TrainplanError(f"--to {kind} needs the planned job.")
+        from . import axolotl, llamafactory, torchtune, trl
+        writer = {"axolotl": axolotl, "llama-factory": llamafactory, "trl": trl,
+                  "torchtune": torchtune}[kind]
+        return {**writer.render(framework), "trainplan-plan.json": ln.guard_json()}
     if kind == "all":
         out: dict[str, str | bytes] = {}
         for k in KINDS:
@@ -42,7 +53,8 @@ def render(ln: Launch, kind: str, *, job_text: str | None = None, dataset: str |
                 out[f"{k}/{name}"] = text
         return out
     if kind not in KINDS:
-        raise TrainplanError(f"--to {kind!r} is not an export kind.", allowed=", ".join(KINDS + ("all",)))
+        raise TrainplanError(f"--to {kind!r} is not an export kind.",
+                             allowed=", ".join(KINDS + FRAMEWORKS + ("all",)))
     if dataset and kind != "kaggle":
         raise TrainplanError("--dataset packages a Kaggle dataset: use it with --to kaggle (or all).")
     if kind == "torchrun":

@@ -15,7 +15,7 @@ import torch
 
 from ..errors import TrainplanError
 from . import ModelBundle, hf_import, hf_validate, loss_from_output
-from .hf_names import load_config_dict, resolve_config
+from .hf_names import default_seq_len, load_config_dict, resolve_config
 
 TASK_CLASSES = {
     "causal-lm": "AutoModelForCausalLM",
@@ -230,8 +230,8 @@ def _image_size(config, job) -> int:
 
 def _inputs_for(auto_name: str, config, job, model=None):
     """(kind, make_inputs(batch), tokens per sample) for the model's training task."""
-    seq = job.seq_len or min(getattr(_text_config(config), "max_position_embeddings", 512) or 512,
-                             512)
+    seq = job.seq_len or default_seq_len(getattr(_text_config(config), "max_position_embeddings",
+                                                 None))
     vocab = getattr(_text_config(config), "vocab_size", 32000)
     n = auto_name.lower()
     if getattr(config, "model_type", "") in QWEN_VL_TYPES and _images_per_sample(job):

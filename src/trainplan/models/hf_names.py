@@ -103,6 +103,15 @@ def _names() -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in names.items()}
 
 
+DEFAULT_SEQ_LEN = 512
+
+
+def default_seq_len(max_position_embeddings: int | None) -> int:
+    """The sequence a job that names none is traced at: 512 tokens, or the model's own limit
+    when that is shorter (models/hf.py)."""
+    return min(max_position_embeddings or DEFAULT_SEQ_LEN, DEFAULT_SEQ_LEN)
+
+
 def known_ids() -> list[str]:
     """Every id `hf:` resolves without the network: bundled ids and their aliases."""
     return sorted(bundled_ids() + list(ALIASES))

@@ -28,6 +28,7 @@ import contextlib
 import contextvars
 import copy
 import functools
+import re
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -39,6 +40,8 @@ from ..trace.parallel import IDLE, RUN, SKIP, WAIT, Forward, trace_all
 from ..trace.semantics import KernelSemantics
 from ..models import stack_hint
 from ..trace.depth import EXACT_BLOCKS, MIN_BLOCKS
+
+_BLOCK_INDEX = re.compile(r"\.\d+(\.|$)")    # a frozen prefix naming one block: model.layers.3
 from ..trace.tracer import Trace, trace_step
 from .depth import HIGH, LOW, extend, keep_replays, prepare, repeats, stitch
 from .accumulate import accumulated, derivable
@@ -185,9 +188,11 @@ class Traces:
         A vision-language model's text stack is cut too, its vision tower traced whole in the
         cut trace: one cut trace costs the tower and 4 text blocks (when both a 3- and a 4-block
         trace were made, each ran the whole tower, and cutting cost more than it saved:
-        Qwen2.5-VL-3B with one 560 px image, 33-50 s a step, 14 s of it the text model)."""
-        if not self._cut:
-            return False
+        Qwen2.5-VL-3B with one 560 px image, 33-50 s a step, 14 s of it the text model). A job
+        that freezes some blocks by name (LLaMA-Factory's freeze tuning) is traced whole: its
+        blocks are not alike."""
+        if not self._cut or any(_BLOCK_INDEX.search(f) for f in job.frozen):
+            return False          # some blocks frozen, others not: the blocks are not alike
         model = (job.model, job.transformer)     # what stack_hint reads
         if model not in self._depths:
             self._depths[model] = stack_hint(job)
