@@ -114,10 +114,16 @@ def test_signal_saves_and_stops(tmp_path):
 
 
 def test_keep_within_disk_and_file_limits(tmp_path):
-    g = SessionGuard(tmp_path, keep_last=10, disk_bytes=2500, file_limit=6, signals=False)
-    assert g.keep_count(1000, 1) == 2          # the disk holds 2
-    assert g.keep_count(10, 4) == 1            # the file limit holds 1
+    """N kept such that N + 1 fit: the next save is written before the oldest goes."""
+    g = SessionGuard(tmp_path, keep_last=10, disk_bytes=3500, file_limit=9, signals=False)
+    assert g.keep_count(1000, 1) == 2          # the disk holds 3: keep 2, the next is the third
+    assert g.keep_count(10, 4) == 1            # the file limit holds 2 of 4 files: keep 1
+    assert g.keep_count(10, 3) == 2            # 3 of 3 files fit: keep 2
+    assert g.keep_count(5000, 1) == 1          # never fewer than 1
     assert SessionGuard(tmp_path, keep_last=3, signals=False).keep_count(10**9) == 3
+    # the exported kaggle-t4x2 plan's case: 1.66 GB checkpoints in 20 GB keep 11, not 12
+    assert SessionGuard(tmp_path, keep_last=12, disk_bytes=20 * 10**9,
+                        signals=False).keep_count(1_660_000_000) == 11
 
 
 def test_from_plan_reads_limits(tmp_path):
