@@ -35,10 +35,13 @@ def __getattr__(name: str):
 
 def render(ln: Launch, kind: str, *, job_text: str | bytes | None = None, dataset: str | None = None,
            spot: bool | None = None, install: str = "trainplan") -> dict[str, str | bytes]:
-    """{relative path: content} for `kind` ("all": every kind, each in its own folder)."""
+    """{relative path: content} for `kind` ("all": every kind, each in its own folder; the
+    Kaggle and Colab kits only where the plan runs on one machine)."""
     if kind == "all":
         out: dict[str, str | bytes] = {}
         for k in KINDS:
+            if k in ("kaggle", "colab") and ln.nodes > 1:
+                continue
             for name, text in render(ln, k, job_text=job_text,
                                      dataset=dataset if k == "kaggle" else None, spot=spot,
                                      install=install).items():
