@@ -141,7 +141,8 @@ def worker_loop(a) -> None:
     guard = SessionGuard(a.work / "ck", every_steps=a.every, keep_last=a.keep,
                          total_steps=a.total, session_limit_s=a.limit, margin_s=a.margin,
                          step_time_s=rates[0] if rates else None, clock=clock,
-                         signal_wait_s=a.wait, log=lambda m: print(f"[rank {rank}] {m}",
+                         signal_wait_s=a.wait, sharded=a.sharded,
+                         log=lambda m: print(f"[rank {rank}] {m}",
                                                                    file=sys.stderr, flush=True))
     guard.track(model=model, optimizer=opt, scheduler=sched, data=data)
     start = guard.resume()
@@ -331,7 +332,8 @@ def newest_state(case: Case) -> tuple[int, int | None, str | None]:
     if not done:
         return 0, None, None
     step, p = done[-1]
-    st = torch.load(p / "state.pt", map_location="cpu", weights_only=False)
+    state = p / "state.pt" if (p / "state.pt").exists() else p / "state-rank00000.pt"
+    st = torch.load(state, map_location="cpu", weights_only=False)
     return step, crc_state(st["objects"]["model"]), None
 
 
@@ -433,6 +435,7 @@ def main() -> int:
         p.add_argument("--term-rank", type=int, default=0)
         p.add_argument("--linger", type=float, default=0.0, help="seconds of work after the loop")
         p.add_argument("--no-finish", action="store_true")
+        p.add_argument("--sharded", action="store_true", help="each rank writes its own file")
         a = p.parse_args()
         (worker_hf if a.path == "hf" else worker_loop)(a)
         return 0

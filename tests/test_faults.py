@@ -68,6 +68,24 @@ def test_hf_killed_inside_the_trainers_save(tmp_path):
     assert fi.crc_state(torch.load(case.work / "result.pt")) == final
 
 
+def test_torchrun_sharded_kill_and_resume(tmp_path):
+    """sharded=True (FSDP's way): each rank writes its own file into the one temporary folder,
+    rank 0 commits; killed twice, the run resumes to the reference's weights."""
+    ref = fi.Case("torchrun", tmp_path / "ref", extra=["--sharded"])
+    ref.work.mkdir()
+    steps, final = fi.reference(ref)
+    case = fi.Case("torchrun", tmp_path / "run", extra=["--sharded"])
+    case.work.mkdir()
+    assert fi.run(case, kill_after=7) != 0
+    assert fi.run(case, fault="rename:3") != 0
+    step, crc, problem = fi.newest_state(case)
+    assert problem is None and step >= 6 and crc == steps[step]
+    done = sorted(p.name for p in (case.work / "ck" / f"ckpt-{step:09d}").iterdir())
+    assert done == ["state-rank00000.pt", "state-rank00001.pt", COMMIT]
+    assert fi.run(case) == 0
+    assert fi.crc_state(torch.load(case.work / "result.pt")) == final
+
+
 # --- deadlines: sessions, and several processes -------------------------------------------------
 def test_deadline_sessions_resume_bit_identical(tmp_path):
     """Deadline stops on a step-driven clock: 4 sessions of at most 7 steps, then the same
