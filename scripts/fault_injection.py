@@ -1,5 +1,6 @@
 """Fault injection for trainplan.guard (issue 40): kill -9 at random points in the plain loop, the
-Hugging Face Trainer path and the torchrun path (2 CPU processes on gloo). After every kill the
+Hugging Face Trainer path and the torchrun path (2 CPU processes on gloo; `hf-torchrun`: the
+Trainer on 2 processes). After every kill the
 newest complete checkpoint must hold, bit for bit, the reference run's model at its step (and no
 committed checkpoint may be damaged or lost), and the run resumed from it must end with the
 reference run's weights.
@@ -38,6 +39,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 D = 256                             # model width: a checkpoint of ~3 MB (weights + AdamW)
 FAULTS = ("save", "fsync", "rename", "replace", "rmtree")
+PATHS = ("plain", "hf", "torchrun", "hf-torchrun")    # hf-torchrun: the Trainer on 2 processes
 
 
 # --- the workers (run as `fault_injection.py worker PATH ...`) ------------------------------------
@@ -184,7 +186,8 @@ def worker_hf(a) -> None:
     from trainplan.guard import GuardCallback, SessionGuard, latest_hf_checkpoint
     (a.work / "pids").mkdir(exist_ok=True)
     (a.work / "pids" / str(os.getpid())).touch()
-    _install_fault(os.environ.get("TP_FAULT"))
+    if int(os.environ.get("RANK") or 0) == 0:
+        _install_fault(os.environ.get("TP_FAULT"))
 
     class Data(Dataset):
         def __init__(self):
@@ -206,6 +209,8 @@ def worker_hf(a) -> None:
 
     class Progress(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kw):
+            if not state.is_world_process_zero:
+                return
             with open(a.work / "progress.txt", "a") as f:
                 f.write(f"{state.global_step} {crc_state(model.state_dict())}\n")
 
@@ -221,15 +226,16 @@ def worker_hf(a) -> None:
     trainer = Trainer(model=model, args=args, train_dataset=Data(),
                       callbacks=[Progress(), GuardCallback(guard)])
     trainer.train(resume_from_checkpoint=latest_hf_checkpoint(out))
-    _note(a.work, f"rank 0 {'stopped' if guard.stopped else 'done'} {trainer.state.global_step}")
-    if not guard.stopped:
+    rank = guard.ranks.rank
+    _note(a.work, f"rank {rank} {'stopped' if guard.stopped else 'done'} {trainer.state.global_step}")
+    if not guard.stopped and rank == 0:
         _result(model, a.work)
 
 
 # --- the harness ------------------------------------------------------------------------------
 @dataclass
 class Case:
-    path: str                         # plain | hf | torchrun
+    path: str                         # one of PATHS
     work: Path
     total: int = 24
     every: int = 2
@@ -239,7 +245,7 @@ class Case:
     def command(self) -> list[str]:
         args = ["worker", self.path, "--work", str(self.work), "--total", str(self.total),
                 "--every", str(self.every), "--keep", str(self.keep), *self.extra]
-        if self.path == "torchrun":
+        if self.path.endswith("torchrun"):
             return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                     "--nproc-per-node", "2", str(HERE), *args]
         return [sys.executable, str(HERE), *args]
@@ -260,7 +266,7 @@ def run(case: Case, fault: str | None = None, kill_after: int | None = None,
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "TP_FAULT": fault or "", "TOKENIZERS_PARALLELISM": "false"}
     env["PYTHONPATH"] = str(HERE.parents[1] / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    if case.path == "hf" and torchvision_broken():
+    if case.path.startswith("hf") and torchvision_broken():
         env["TP_HIDE_TORCHVISION"] = "1"
     shutil.rmtree(case.work / "pids", ignore_errors=True)
     before = len(progress(case.work))
@@ -316,12 +322,12 @@ def newest_state(case: Case) -> tuple[int, int | None, str | None]:
     from trainplan.guard import committed, latest_hf_checkpoint, verify
     from trainplan.guard.disk import HF_PREFIX
     ck = case.work / "ck"
-    prefix = HF_PREFIX if case.path == "hf" else "ckpt-"
+    prefix = HF_PREFIX if case.path.startswith("hf") else "ckpt-"
     for _s, p in committed(ck, prefix):
         why = verify(p)
         if why is not None:
             return -1, None, f"committed but damaged: {why}"
-    if case.path == "hf":
+    if case.path.startswith("hf"):
         newest = latest_hf_checkpoint(ck, log=lambda m: None, clean=False)
         if newest is None:
             return 0, None, None
@@ -375,11 +381,11 @@ def run_series(path: str, points: int, seed: int = 0, work: Path | None = None,
             how, kw = f"at {f} call {n}", dict(fault=f"{f}:{n}")
         rc = run(case, **kw)
         finished = (case.work / "result.pt").exists()
-        if finished:                             # ran to the end: compare the weights
+        if finished:          # ran to the end (the kill, if any, came after): the weights
             got = crc_state(torch.load(case.work / "result.pt"))
-            ok = rc == 0 and got == ref_final
-            say(f"{path}: run completed ({how} never came): final weights "
-                f"{'identical' if ok else 'DIFFER'}")
+            ok = got == ref_final
+            say(f"{path}: run completed ({how} " + ("never came" if rc == 0 else
+                f"came after it, exit {rc}") + f"): final weights {'identical' if ok else 'DIFFER'}")
             if not ok:
                 out["failures"].append(f"series {out['series']}: final weights differ (rc {rc})")
             case = None
@@ -389,7 +395,7 @@ def run_series(path: str, points: int, seed: int = 0, work: Path | None = None,
             out["failures"].append(f"kill {out['kills']} ({how}): the run was not killed")
         left = sorted(p.name for p in (case.work / "ck").iterdir()) if (case.work / "ck").is_dir() else []
         mid = any(n.startswith(".tmp-") for n in left) or (
-            path == "hf" and any(n.startswith("checkpoint-") and not
+            path.startswith("hf") and any(n.startswith("checkpoint-") and not
                                  (case.work / "ck" / n / "trainplan-commit.json").exists()
                                  for n in left))
         out["mid_save"] += mid
@@ -422,7 +428,7 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         p = argparse.ArgumentParser()
         p.add_argument("worker")
-        p.add_argument("path", choices=("plain", "hf", "torchrun"))
+        p.add_argument("path", choices=PATHS)
         p.add_argument("--work", type=Path, required=True)
         p.add_argument("--total", type=int, default=24)
         p.add_argument("--every", type=int, default=2)
@@ -437,10 +443,10 @@ def main() -> int:
         p.add_argument("--no-finish", action="store_true")
         p.add_argument("--sharded", action="store_true", help="each rank writes its own file")
         a = p.parse_args()
-        (worker_hf if a.path == "hf" else worker_loop)(a)
+        (worker_hf if a.path.startswith("hf") else worker_loop)(a)
         return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--path", choices=("plain", "hf", "torchrun"), required=True)
+    p.add_argument("--path", choices=PATHS, required=True)
     p.add_argument("--points", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, help="keep the runs' folders here")

@@ -1,7 +1,8 @@
 """Issue 40, the session guard under faults: each row of the issue's table repeated, on CPU.
 
 kill -9 at random points (random moments, and inside each step of a save) in the plain loop, the
-Hugging Face Trainer and torchrun (2 processes on gloo) runs a small sample here through
+Hugging Face Trainer, torchrun (2 processes on gloo) and the Trainer under torchrun runs a small
+sample here through
 scripts/fault_injection.py's harness; the script itself runs the 50 points per path. A full
 disk is a tmpfs of a few MB where this process may mount one (root), else a stubbed writer; the
 unwritable folder is a read-only mount (root ignores permissions), else a chmod 555 folder.
@@ -37,9 +38,9 @@ def _quiet(_msg):
 
 
 # --- kill -9: the sampled series (the script runs 50 points per path) ------------------------------
-@pytest.mark.parametrize("path, points", [("plain", 4), ("torchrun", 3), ("hf", 3)])
+@pytest.mark.parametrize("path, points", [("plain", 4), ("torchrun", 3), ("hf", 3), ("hf-torchrun", 2)])
 def test_kill9_leaves_a_resumable_bit_identical_state(tmp_path, path, points):
-    if path == "hf":
+    if path.startswith("hf"):
         pytest.importorskip("transformers")
     out = fi.run_series(path, points, seed=40, work=tmp_path, say=_quiet)
     assert out["kills"] == points and out["failures"] == [], out["failures"]

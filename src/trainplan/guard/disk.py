@@ -181,12 +181,26 @@ def clean(d: Path, log) -> None:
                 log(f"restored {back.name} (its replacement was cut short)")
             else:
                 shutil.rmtree(p, ignore_errors=True)
-        elif p.name.startswith(TMP) and not p.name.startswith(PROBE):
+        elif p.name.startswith(PROBE):
+            if not _alive(p.name[len(PROBE):]):
+                p.unlink(missing_ok=True)
+        elif p.name.startswith(TMP):
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
             else:
                 p.unlink(missing_ok=True)
             log(f"removed {p.name}: a save or prune cut short by a kill")
+
+
+def _alive(pid: str) -> bool:
+    """Whether process `pid` runs (a probe of a live process is left to it)."""
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def free_bytes(folder: Path, disk_bytes: int | None) -> int:
