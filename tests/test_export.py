@@ -179,7 +179,7 @@ def test_kaggle_kit_notebook_and_smoke_cells(kaggle, tmp_path):
     files = render(ln, "kaggle", job_text=path.read_text(), dataset=str(data))
     written = write(files, tmp_path / "kit")
     names = {p.relative_to(tmp_path / "kit").as_posix() for p in written}
-    assert {"kaggle_kit.ipynb", "trainplan_guard.py", "trainplan-plan.json", "job.yaml",
+    assert {"kaggle_kit.ipynb", "trainplan_guard/__init__.py", "trainplan-plan.json", "job.yaml",
             "dataset/dataset-metadata.json"} <= names
     assert any(n.startswith("dataset/") and n.endswith(".zip") for n in names)
     nb = nbformat.read(tmp_path / "kit" / "kaggle_kit.ipynb", as_version=4)

@@ -312,3 +312,118 @@ def test_report_kept_when_writing_fails(tiny_config, tmp_path):
     assert code == 2 and "cannot write --report" in err and "No space left" in err, err
     assert report.read_text() == "an earlier report\n"
     assert os.listdir(tmp_path) == ["plan.md"]
+
+
+# -- exports: --out paths, names, job files, huge numbers (issue 40) ------------------------------
+
+EXPORT_JOB = {"name": "tiny", "model": "transformer", "transformer": {
+    "hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 128,
+    "vocab_size": 256, "kind": "decoder"}, "batch_size": 4, "seq_len": 32, "steps": 50}
+
+
+@pytest.fixture(scope="module")
+def export_job(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("exp") / "job.yaml"
+    path.write_text(yaml.safe_dump(EXPORT_JOB))
+    return path
+
+
+OUT_PARTS = ["", " ", "a", "..", ".", "x" * 260, "-", "--to", "a\nb", "é", "a b", "*", "$(x)",
+             "\0", "job.yaml", "~"]
+
+
+@fuzz(12)
+@given(parts=st.lists(st.sampled_from(OUT_PARTS), min_size=1, max_size=3))
+def test_fuzzed_export_out(export_job, tmp_path_factory, parts):
+    """--out made of odd parts under a fresh folder: exit 0, or exit 2 and nothing written."""
+    base = tmp_path_factory.mktemp("out")
+    out = str(base) + "/" + "/".join(parts)
+    argv = ["export", str(export_job), "--platform", "kaggle-t4x2", "--to", "torchrun",
+            "--out", out]
+    code, err = run_cli(argv)
+    assert_clean(code, err, argv)
+    if code == 2:
+        assert os.listdir(base) == [], (parts, os.listdir(base))
+
+
+@pytest.fixture(scope="module")
+def kaggle_launch(export_job):
+    from trainplan.export import launch_from_plan
+    from trainplan.plan import make_plan, select_platforms
+    from trainplan.spec import load_job
+    job = load_job(str(export_job))
+    plan = make_plan(job, select_platforms(["kaggle-t4x2"]))
+    return launch_from_plan(plan, plan.platforms[0], job, job_file=str(export_job))
+
+
+names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=0, max_size=40) | \
+    st.sampled_from(["demo\ntouch PWNED", "$(reboot)", "`id`", "a'b\"c", "\u2028x", "-", "#"])
+
+
+@fuzz(10)
+@given(name=names)
+def test_fuzzed_job_names_are_data_in_every_format(kaggle_launch, tmp_path_factory, name):
+    """Any job name: every file still parses in its format and every script passes bash -n
+    (shellcheck too where installed: tests/test_export_safety.py)."""
+    import dataclasses
+    import shutil
+    import subprocess
+    from trainplan.export import render
+    from test_export_safety import check_formats
+    files = render(dataclasses.replace(kaggle_launch, job_name=name), "all", spot=True)
+    check_formats(files)
+    tmp = tmp_path_factory.mktemp("sh")
+    sc = shutil.which("shellcheck")
+    for fname, text in files.items():
+        if fname.endswith((".sh", ".sbatch")):
+            f = tmp / fname.replace("/", "_")
+            f.write_text(text)
+            assert subprocess.run(["bash", "-n", str(f)]).returncode == 0, (name, fname)
+            if sc:
+                r = subprocess.run([sc, str(f)], capture_output=True, text=True)
+                assert r.returncode == 0, (name, fname, r.stdout)
+            if fname.endswith(".sbatch"):       # one directive line, one word after it
+                job = next(ln for ln in text.splitlines() if ln.startswith("#SBATCH --job-name="))
+                assert len(job.split("=", 1)[1].split()) == 1, (name, job)
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda p: p.mkdir(), "is a folder"),
+    (lambda p: p.write_bytes(bytes(range(256)) * 8), "is not text"),
+    (lambda p: p.write_text(""), "No model given"),
+    (lambda p: p.write_text("- a\n- b\n"), "must be a YAML mapping"),
+    (lambda p: p.write_text(yaml.safe_dump({**EXPORT_JOB, "steps": 10**30})), "out of range"),
+    (lambda p: p.write_text(yaml.safe_dump({**EXPORT_JOB, "steps": 0})), "positive whole"),
+    (lambda p: p.write_text(yaml.safe_dump({**EXPORT_JOB, "name": ["x"]})), "name must be"),
+])
+def test_export_job_files_of_every_kind(tmp_path, make, says):
+    path = tmp_path / "job.yaml"
+    make(path)
+    argv = ["export", str(path), "--platform", "kaggle-t4x2", "--to", "kaggle", "--out",
+            str(tmp_path / "o")]
+    code, err = run_cli(argv)
+    assert_clean(code, err, argv)
+    assert code == 2 and says in err, err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["plan", "export"])
+@pytest.mark.parametrize("steps", ["1e30", str(10**30), "inf", "nan", "-3", "2.5", "0x10"])
+def test_huge_and_odd_step_counts(export_job, tmp_path, command, steps):
+    """`--steps 1e30` says it is out of range (it planned 2.2e25 sessions)."""
+    argv = [command, str(export_job), "--steps", steps]
+    argv += (["--platform", "kaggle-t4x2", "--to", "torchrun", "--out", str(tmp_path / "o")]
+             if command == "export" else ["--platforms", "kaggle-t4x2"])
+    code, err = run_cli(argv)
+    assert_clean(code, err, argv)
+    assert code == 2
+    if steps in ("1e30", str(10**30), "inf"):
+        assert "out of range" in err, err
+
+
+def test_a_model_name_too_long_for_a_path(tmp_path):
+    """A 100+-character hf: name was used as a file path: OSError 'File name too long'."""
+    argv = ["estimate", "--model", "hf:" + "a" * 300, "--gpu", "t4"]
+    code, err = run_cli(argv)
+    assert_clean(code, err, argv)
+    assert code == 2 and "Unknown model" in err

@@ -242,10 +242,20 @@ def _line_of(node, key: str) -> int | None:
 
 def load_yaml(path: str | Path) -> tuple[dict, Any]:
     path = Path(path)
-    if not path.exists():
-        raise TrainplanError(f"Job file {path} does not exist.",
-                             fix="give a path to a YAML job, e.g. examples/graphmer-se.yaml")
-    text = path.read_text()
+    try:
+        if not path.exists():
+            raise TrainplanError(f"Job file {path} does not exist.",
+                                 fix="give a path to a YAML job, e.g. examples/graphmer-se.yaml")
+        if path.is_dir():
+            raise TrainplanError(f"Job file {path} is a folder, not a YAML file.",
+                                 fix="give a path to a YAML job, e.g. examples/graphmer-se.yaml")
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise TrainplanError(f"Cannot read job file {path}: {e.strerror or e}.",
+                             fix="give a readable YAML job file") from None
+    except UnicodeDecodeError as e:
+        raise TrainplanError(f"Job file {path} is not text (byte {e.start} is not UTF-8): a "
+                             "binary file?", fix="give a YAML job file") from None
     try:
         data = yaml.safe_load(text)
         node = yaml.compose(text)
@@ -492,6 +502,24 @@ def _positive_int(name: str, value, allow_none=False) -> None:
         raise TrainplanError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}.")
 
 
+# A bound on a run's optimizer steps: a billion is ~4000x the longest published pre-training run
+# (PaLM 540B: 255k steps, Chowdhery et al. 2022, Table 2); beyond it a plan's sessions and cost
+# mean nothing, and a typo (1e30) is not planned as 2e25 sessions.
+MAX_STEPS = 10**9
+
+
+def check_steps(steps, where: str = "--steps") -> None:
+    if steps is None:
+        return
+    if not _is_int(steps) or steps < 1:
+        raise TrainplanError(f"{where} must be a positive whole number of optimizer steps, got "
+                             f"{steps!r}.")
+    if steps > MAX_STEPS:
+        raise TrainplanError(f"{where} {steps:.3g} is out of range: at most {MAX_STEPS:.0e} "
+                             "optimizer steps.", fix="check the number of steps (or use "
+                             "--epochs with --dataset-size)")
+
+
 def validate(job: Job) -> Job:
     """Check every setting; normalise aliases. Raises TrainplanError naming the bad setting."""
     job = job.with_(model=normalize_model_ref(job.model))   # `path/config.json` -> `hf:path/...`
@@ -513,6 +541,7 @@ def validate(job: Job) -> Job:
     if job.algorithm in algo_mod.GENERATES:
         rollout = job.rollout or Rollout()
         job = job.with_(rollout=rollout, seq_len=job.seq_len or rollout.seq_len)
+    check_steps(job.steps, "steps")
     _positive_int("batch_size", job.batch_size)
     _positive_int("grad_accum", job.grad_accum)
     _positive_int("gpus", job.gpus)

@@ -79,6 +79,21 @@ def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) ->
                         "honours HF_TOKEN, HF_ENDPOINT, HF_HUB_OFFLINE)")
 
 
+def steps_arg(text: str) -> int:
+    """argparse type of --steps: a whole number (1000, 1e6), within spec.MAX_STEPS."""
+    from ..spec import MAX_STEPS
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of steps") from None
+    if value != value or value < 1 or (value < 2**53 and value != int(value)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number of steps")
+    if value > MAX_STEPS:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: at most {MAX_STEPS:.0e} "
+                                         "optimizer steps")
+    return int(text) if text.strip().lstrip("+").isdigit() else int(value)
+
+
 _MAP = {"gpu": "gpu", "gpus": "gpus", "strategy": "strategy", "offload": "offload",
         "batch_size": "batch_size", "grad_accum": "grad_accum", "seq_len": "seq_len",
         "image_size": "image_size", "images_per_sample": "images_per_sample",

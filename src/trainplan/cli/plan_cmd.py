@@ -19,7 +19,7 @@ import contextlib
 from pathlib import Path
 
 from ..errors import TrainplanError
-from .common import add_job_flags, job_from_args, run_length, show_reading
+from .common import add_job_flags, job_from_args, run_length, show_reading, steps_arg
 
 DEFAULT_JOB = "examples/graphmer-se.yaml"
 
@@ -34,7 +34,7 @@ def plan_command_parser(sub) -> None:
                                        "or 'all' for every current one")
     p.add_argument("--platforms-file", help="YAML file of your own platforms (added to the catalog)")
     n = p.add_mutually_exclusive_group()
-    n.add_argument("--steps", type=int, help="optimizer steps to run")
+    n.add_argument("--steps", type=steps_arg, help="optimizer steps to run")
     n.add_argument("--epochs", type=float, help="epochs over --dataset-size samples")
     p.add_argument("--dataset-size", type=int, help="training samples per epoch (with --epochs)")
     p.add_argument("--target-batch", type=int, help="global batch per optimizer step "

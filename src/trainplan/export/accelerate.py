@@ -3,6 +3,8 @@ accelerate_config.yaml train.py`): distributed type, mixed precision, the FSDP o
 plugin settings, gradient accumulation, processes and machines."""
 from __future__ import annotations
 
+import shlex
+
 import yaml
 
 from ..strategy import DDP, DP, FSDP
@@ -72,7 +74,7 @@ def render(ln: Launch) -> dict[str, str]:
           f"Accelerator(gradient_accumulation_steps={ln.grad_accum}) (the DeepSpeed plugin "
           "carries it itself)\n")
     text = (ln.header() + note + ga + "# launch: accelerate launch --config_file "
-            "accelerate_config.yaml " + " ".join(ln.script_command())
+            "accelerate_config.yaml " + shlex.join(ln.script_command())
             + ("  (on each node, with --machine_rank N and main_process_ip set to node 0)"
                if ln.nodes > 1 else "") + "\n"
             + yaml.safe_dump(config(ln), sort_keys=True))

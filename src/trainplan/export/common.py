@@ -6,6 +6,12 @@ kept), never re-derived: micro-batch, accumulation, precision and strategy are t
 platform. The job (as loaded) adds only what the plan does not carry: the model, the CPU offload
 the job asked for (a kept fix's `offload` overrides it) and the job's name.
 
+Names are data: the header escapes control characters (a job named "demo\ntouch PWNED" stays one
+comment line), `safe_name` is the job's name where a launcher wants an identifier (Slurm's job
+name, SkyPilot's task, a rendezvous id), and a script whose name holds a control character is
+refused. Each launcher quotes what it writes for its own format (shlex.quote, YAML and JSON
+dumps, Python repr).
+
 Nodes: the plan's communication model counts `DEVICES_PER_NODE` (8) GPUs per node
 (predict/comm.py); a platform with more devices than that is launched on
 ceil(devices / 8) nodes of `devices / nodes` processes each.
@@ -14,6 +20,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import unicodedata
 from dataclasses import dataclass, field
 
 from ..errors import TrainplanError
@@ -23,6 +31,38 @@ from ..strategy import Strategy, parse as parse_strategy
 
 RUNNABLE = (READY, READY_WITH_CHANGES, TIGHT)
 DEFAULT_PORT = 29500
+# How long torchrun waits for its workers after passing on SIGTERM before it kills them
+# (TORCH_ELASTIC_SHUTDOWN_TIMEOUT; torch's default is 30 s): the guard's margin before a deadline
+# (guard.DEFAULT_MARGIN_S), so the checkpoint a signal asks for is not cut short by torchrun.
+SHUTDOWN_TIMEOUT_S = 300
+
+
+def one_line(text: str) -> str:
+    """`text` with control characters and line/paragraph separators written as escapes."""
+    return "".join(c.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in str(text))
+
+
+def safe_name(name: str, default: str = "trainplan", limit: int = 60) -> str:
+    """The job's name as an identifier: letters, digits, '.', '_' and '-' only (runs of
+    anything else become one '-'), at most `limit` characters."""
+    out = re.sub(r"[^A-Za-z0-9._-]+", "-", str(name)).strip("-.")[:limit].strip("-.")
+    return out or default
+
+
+def slug(name: str, default: str = "trainplan", limit: int = 50) -> str:
+    """Lower-case letters, digits and '-' only: SkyPilot task names, Kaggle dataset slugs."""
+    return re.sub(r"[^a-z0-9]+", "-", str(name).lower()).strip("-")[:limit].strip("-") or default
+
+
+def check_script(script: str, args: tuple[str, ...] = ()) -> None:
+    """The training script and its arguments are written into launchers: no control
+    characters (a newline would end the command in every format)."""
+    for v in (script, *args):
+        if not v or one_line(v) != v:
+            raise TrainplanError(f"--script {v!r} is not a usable file name: it is empty or "
+                                 "holds a control character (a newline, a tab...).",
+                                 fix="rename the script, e.g. --script train.py")
 
 
 @dataclass(frozen=True)
@@ -58,7 +98,7 @@ class Launch:
     checkpoint_bytes: int | None
     disk_bytes: int | None
     output_file_limit: int | None
-    keep_checkpoints: int | None          # how many the disk and file limits hold (plan storage)
+    keep_checkpoints: int | None          # N such that N + 1 fit the disk and file limits
     changes: tuple[str, ...]
     script: str = "train.py"
     script_args: tuple[str, ...] = ()
@@ -88,7 +128,7 @@ class Launch:
         lines += [f"Plan change: {c}" for c in self.changes]
         out = []
         for line in lines:
-            out += [f"{prefix} {w}" for w in _wrap(line, 96)]
+            out += [f"{prefix} {w}" for w in _wrap(one_line(line), 96)]
         return "\n".join(out) + "\n"
 
     def env(self) -> dict[str, str]:
@@ -102,7 +142,8 @@ class Launch:
              "TRAINPLAN_STEPS": str(self.steps),
              "TRAINPLAN_CHECKPOINT_EVERY_STEPS": str(self.checkpoint_every_steps),
              "TRAINPLAN_STEP_TIME_S": f"{self.step_time_s:.6g}",
-             "TRAINPLAN_PLAN": "trainplan-plan.json"}
+             "TRAINPLAN_PLAN": "trainplan-plan.json",
+             "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT_S)}
         if self.session_max_s:
             e["TRAINPLAN_SESSION_LIMIT_S"] = f"{self.session_max_s:.0f}"
         if self.idle_timeout_s:
@@ -171,11 +212,12 @@ def launch_from_plan(plan, pp, job, job_file: str | None = None, script: str = "
                                  fix="plan on a multiple of 8 GPUs (--gpus 16, 24, ...)")
     else:
         nodes = 1
+    check_script(script, tuple(script_args))
     s, st = pp.sessions, pp.storage
     keep = None
-    if st is not None:
+    if st is not None:     # the next save is written before the oldest is removed: N + 1 fit
         fits = [n for n in (st.checkpoints_fit_disk, st.checkpoints_fit_files) if n is not None]
-        keep = min(fits) if fits else None
+        keep = max(1, min(fits) - 1) if fits else None
     return Launch(
         job_name=plan.job.name or getattr(job, "name", "") or "job", job_file=job_file,
         model=plan.job.model, platform_id=pp.platform_id, platform_name=pp.name,

@@ -7,13 +7,15 @@ JSON has no comments: the header is the `_comment` list at the top of `ds_config
 `hostfile`. Bucket sizes are left at DeepSpeed's defaults: the plan's memory and time do not
 depend on them (it models ZeRO's sharded states and collectives, not bucket sizes), said in the
 header. A DDP plan exports ZeRO stage 0 (data parallel, no sharding); FSDP exports stage 3, the
-same sharding (strategy.py: "as zero3")."""
+same sharding (strategy.py: "as zero3"). The script, its arguments and the environment are
+shell-quoted in `deepspeed.sh`."""
 from __future__ import annotations
 
 import json
 
 from ..strategy import FSDP
 from .common import DEFAULT_PORT, Launch
+from .torchrun import _shell, env_lines
 
 
 def zero_stage(ln: Launch) -> int:
@@ -66,8 +68,7 @@ def render(ln: Launch) -> dict[str, str]:
     else:
         launch = f"deepspeed --num_gpus {ln.procs_per_node}"
     out["deepspeed.sh"] = ("#!/usr/bin/env bash\n" + ln.header() + world_note + "set -euo pipefail\n"
-                           'cd "$(dirname "$0")"\n'
-                           + "".join(f"export {k}={v}\n" for k, v in ln.env().items())
-                           + f"exec {launch} {' '.join(ln.script_command())} "
+                           'cd "$(dirname "$0")"\n' + env_lines(ln)
+                           + f"exec {launch} {_shell(ln.script_command())} "
                            "--deepspeed ds_config.json \"$@\"\n")
     return out

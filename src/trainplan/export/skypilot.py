@@ -3,14 +3,15 @@ interruptions (more than one session, or `--spot`), a managed-job variant on spo
 a checkpoint bucket mounted (`sky jobs launch sky_task_spot.yaml`).
 
 Accelerator names are SkyPilot's (`T4:2`, `A100-80GB:8`); `ACCELERATORS` maps the catalog's ids.
-Disk: room for `KEEP_ON_DISK` of the plan's checkpoints plus `DISK_BASE_GB`, at least 256 GB."""
+Disk: room for `KEEP_ON_DISK` of the plan's checkpoints plus `DISK_BASE_GB`, at least 256 GB.
+Values are YAML-dumped; `run` and `setup` are shell scripts, quoted as torchrun.sh is."""
 from __future__ import annotations
 
 import math
 
 import yaml
 
-from .common import DEFAULT_PORT, Launch
+from .common import DEFAULT_PORT, Launch, slug
 from .torchrun import _shell, torchrun_args
 
 ACCELERATORS = {
@@ -42,7 +43,7 @@ def task(ln: Launch, spot: bool) -> dict:
         args = torchrun_args(ln, endpoint=f"$MASTER_ADDR:{DEFAULT_PORT}",
                              node_rank="$SKYPILOT_NODE_RANK", rdzv_id="$SKYPILOT_TASK_ID")
         run = ('MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)\n'
-               "torchrun " + " ".join(args) + " " + _shell(ln.script_command()) + "\n")
+               "torchrun " + _shell(args) + " " + _shell(ln.script_command()) + "\n")
     elif ln.procs_per_node > 1:
         run = "torchrun " + _shell(torchrun_args(ln)) + " " + _shell(ln.script_command()) + "\n"
     else:
@@ -50,8 +51,7 @@ def task(ln: Launch, spot: bool) -> dict:
     envs = dict(ln.env())
     envs["TRAINPLAN_CHECKPOINT_DIR"] = CKPT_DIR if spot else "checkpoints"
     res: dict = {"accelerators": accelerators(ln), "disk_size": disk_gb(ln)}
-    t: dict = {"name": "".join(c if c.isalnum() or c == "-" else "-" for c in ln.job_name.lower())
-               or "trainplan",
+    t: dict = {"name": slug(ln.job_name, limit=60),
                "num_nodes": ln.nodes, "resources": res, "workdir": ".", "envs": envs,
                "setup": "pip install -r requirements.txt || true\n", "run": run}
     if spot:

@@ -177,7 +177,10 @@ def is_local_ref(ref: str) -> bool:
     if ref.endswith(".json") or ref.startswith((".", "/", "~")):
         return True
     path = Path(ref).expanduser()
-    return path.is_dir() and (path / "config.json").is_file()
+    try:
+        return path.is_dir() and (path / "config.json").is_file()
+    except (OSError, ValueError):     # a name too long for a path, a NUL: not a local folder
+        return False
 
 
 def normalize_model_ref(model: str) -> str:
@@ -187,16 +190,24 @@ def normalize_model_ref(model: str) -> str:
     prefixes = tuple(s for s in SOURCES if s.endswith(":")) + ("transformer:",)
     if not model or model == "transformer" or model.startswith(prefixes):
         return model
-    if model.lower().endswith(".json") or (Path(model).expanduser() / "config.json").is_file():
+    try:
+        local = (Path(model).expanduser() / "config.json").is_file()
+    except (OSError, ValueError):     # a name too long for a path, a NUL: not a local folder
+        local = False
+    if model.lower().endswith(".json") or local:
         return f"hf:{model}"
     return model
 
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise TrainplanError(f"{path} is not valid JSON (line {e.lineno}): {e.msg}") from None
+    except UnicodeDecodeError:
+        raise TrainplanError(f"{path} is not a config.json: it is not UTF-8 text.") from None
+    except OSError as e:
+        raise TrainplanError(f"Cannot read {path}: {e.strerror or e}.") from None
     if not isinstance(data, dict):
         raise TrainplanError(f"{path} is not a config.json: it holds a JSON "
                              f"{type(data).__name__}, not an object.")
