@@ -31,7 +31,8 @@ from ..accelerators import get_accelerator, load_accelerators
 from ..errors import TrainplanError
 
 # words that name a vendor or a product line, not the model (the model token is what is left)
-_VENDOR_WORDS = {"nvidia", "tesla", "geforce", "rtx", "quadro", "google"}
+_VENDOR_WORDS = {"nvidia", "tesla", "geforce", "rtx", "quadro", "google", "amd", "instinct", "radeon",
+                 "rx"}
 
 
 @dataclass(frozen=True)
