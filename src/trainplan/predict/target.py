@@ -2,8 +2,10 @@
 
 Devices: `job.gpus` units of the accelerator, each of `devices_per_unit` devices (a TPU v5e-8 is one
 unit of 8 chips). Kernel semantics (trace/semantics.py): the attention backend the target picks for
-the job's request, the autocast dtype (TPUs compute AMP in bf16 whatever dtype is asked, as XLA
-does), channels-last. Two targets with equal semantics share a trace.
+the job's request (by backend: CUDA by compute capability, ROCm by gfx target, MPS's math path),
+the autocast dtype (TPUs compute AMP in bf16 whatever dtype is asked, as XLA does), channels-last,
+torch.optim's implementation on the device (foreach on CUDA/ROCm, the per-parameter loop on
+MPS). Two targets with equal semantics share a trace.
 """
 from __future__ import annotations
 
@@ -33,8 +35,10 @@ def semantics_for(job, accel: Accelerator) -> KernelSemantics:
         autocast = torch.bfloat16 if autocast is not None else None
         attention = "efficient" if job.attention in ("auto", "sdpa", "flash") else job.attention
     else:
-        attention = attention_backend_for(compute_capability(accel), job.attention)
+        attention = attention_backend_for(compute_capability(accel), job.attention,
+                                          accel.backend, accel.compute_capability)
         if attention == "flash" and not accel.flash_attention_2:
             attention = "efficient"
     return KernelSemantics(attention=attention, autocast_dtype=autocast,
-                           channels_last=bool(job.channels_last))
+                           channels_last=bool(job.channels_last),
+                           optimizer_foreach=accel.backend != "mps")

@@ -313,7 +313,7 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
                                      fix="unfreeze something, or add LoRA adapters")
             for p in params:
                 p.register_post_accumulate_grad_hook(lambda p: _gradient_made(counter, p))
-            opt = _warm_optimizer(job, params, counter)
+            opt = _warm_optimizer(job, params, counter, semantics.optimizer_foreach)
             activation_bytes, weight_cast_bytes, act_by_module = _forward_backward(
                 job, bundle, batch, semantics, model, counter, tracker, sem)
             counter.phase = "optimizer"
@@ -360,11 +360,12 @@ def _last_block(block: torch.nn.Module, counter: StepCounter) -> dict[str, float
             "weight_cast_bytes": live.get("weight_casts", 0)}
 
 
-def _warm_optimizer(job, params, counter: StepCounter):
+def _warm_optimizer(job, params, counter: StepCounter, foreach: bool = True):
     """The optimizer with its state. Its state is created lazily by the first step: stepping
     once on zero gradients creates it (same tensors, same peak as a real first step's update), so
-    the traced forward/backward that follows sees the steady-state memory of step 2+."""
-    opt = build_optimizer(job.optimizer, params)
+    the traced forward/backward that follows sees the steady-state memory of step 2+. `foreach`:
+    the device's default implementation (trace/semantics.py `optimizer_foreach`)."""
+    opt = build_optimizer(job.optimizer, params, foreach=foreach)
     counter.phase, counter.count_ops = "optimizer", False
     for p in params:
         p.grad = torch.zeros_like(p)
