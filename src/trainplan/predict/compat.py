@@ -7,13 +7,17 @@ it will run; the fix ladder asks `violation` of every rung it proposes, and skip
 target cannot run with the rule's reason (8-bit AdamW or QLoRA on a TPU, ZeRO on one device).
 
 Facts: bf16 needs sm80+ (CUDA bf16 arithmetic; NVIDIA A100 whitepaper); FlashAttention-2 needs sm80+
-(Dao-AILab/flash-attention README); bitsandbytes and DeepSpeed offload need CUDA (or ROCm); DataParallel
-is `torch.nn.DataParallel`, CUDA-only; TPUs compute autocast in bf16 (torch_xla AMP docs).
-By backend (data/SOURCES.md S111-S113): ROCm runs bitsandbytes (LLM.int8, QLoRA 4-bit, 8-bit
-optimizers on gfx90a/942/950 and RDNA 2-4), DeepSpeed and NCCL's counterpart RCCL; SDPA's
-AOTriton kernels are experimental on the RDNA parts. Apple's MPS has one device, no DeepSpeed
-and no flash-attn build, and bitsandbytes' 8-bit optimizers are planned there, not supported (its
-README; QLoRA 4-bit and LLM.int8 are).
+(Dao-AILab/flash-attention README); bitsandbytes and DeepSpeed offload need CUDA (or ROCm);
+DataParallel is `torch.nn.DataParallel`, CUDA-only; TPUs compute autocast in bf16 (torch_xla AMP
+docs).
+By backend (data/SOURCES.md S111-S113, S116): FP8 training needs FP8 tensor cores (Ada, Hopper,
+Blackwell; AMD CDNA3+) and a CUDA or ROCm build -- Transformer Engine's recipes are NVIDIA's
+(torchao's float8 "supports both NVIDIA and AMD hardware", its training docs), MXFP8 needs
+Blackwell's block-scaled tensor cores, and FP8 converts nn.Linear, not bitsandbytes' quantised
+layers. ROCm runs bitsandbytes (LLM.int8, QLoRA 4-bit, 8-bit optimizers on gfx90a/942/950 and
+RDNA 2-4), DeepSpeed and NCCL's counterpart RCCL; SDPA's AOTriton kernels are experimental on the
+RDNA parts. Apple's MPS has one device, no DeepSpeed and no flash-attn build, and bitsandbytes'
+8-bit optimizers are planned there, not supported (its README; QLoRA 4-bit and LLM.int8 are).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 
 from ..accelerators import Accelerator
 from ..errors import TrainplanError
-from ..precision import FP16_AMP
+from ..precision import BF16_AMP, FP16_AMP, FP8_AO_TENSORWISE, FP8_TE_CURRENT
 from ..strategy import DDP, DP, SINGLE
 from ..trace.optimizers import BNB as BNB_OPTIMIZERS
 from ..trace.semantics import ROCM_EXPERIMENTAL_SDPA
@@ -62,7 +66,38 @@ def _sm(accel) -> str:
     return "sm" + str(accel.compute_capability).replace(".", "")
 
 
+def _fp8(job) -> str | None:
+    return job.precision.fp8
+
+
 RULES: tuple[Rule, ...] = (
+    Rule("fp8-needs-fp8-tensor-cores", "error",
+         lambda j, a: bool(_fp8(j)) and (a.kind != "gpu" or a.backend == "mps" or not a.has_fp8),
+         lambda j, a: f"{a.id} cannot run {j.precision}: {j.precision.fp8_library}'s FP8 "
+                      "training needs FP8 tensor cores (NVIDIA Ada, Hopper or Blackwell; AMD "
+                      f"CDNA3+) under CUDA or ROCm, and {a.id} "
+                      + ("has none." if a.kind == "gpu" and a.backend != "mps" else
+                         f"runs {a.backend.upper()}."),
+         lambda j, a: "use --precision " + ("bf16-amp" if a.supports_bf16 else "fp16-amp")
+                      + " (the same job without the FP8 GEMMs)",
+         lambda j, a: j.with_(precision=BF16_AMP if a.supports_bf16 else FP16_AMP), fatal=True),
+    Rule("fp8-transformer-engine-needs-cuda", "error",
+         lambda j, a: bool(_fp8(j)) and j.precision.fp8.startswith("te-") and a.backend == "rocm",
+         lambda j, a: f"{j.precision} is NVIDIA's Transformer Engine; on {a.id} (ROCm) plan "
+                      "torchao's float8, which supports AMD GPUs.",
+         lambda j, a: "use --precision fp8-torchao-tensorwise (or fp8-torchao-rowwise)",
+         lambda j, a: j.with_(precision=FP8_AO_TENSORWISE), fatal=True),
+    Rule("mxfp8-needs-blackwell", "error",
+         lambda j, a: _fp8(j) == "te-mxfp8" and a.has_fp8 and "mxfp8" not in a.tensor_cores,
+         lambda j, a: f"MXFP8 needs Blackwell's block-scaled tensor cores; {a.id} has plain FP8.",
+         lambda j, a: "use --precision fp8-te-current (or fp8-te-delayed)",
+         lambda j, a: j.with_(precision=FP8_TE_CURRENT), fatal=True),
+    Rule("fp8-with-quantized-base", "error",
+         lambda j, a: bool(_fp8(j)) and j.quantize.on,
+         lambda j, a: f"FP8 training converts nn.Linear layers; {j.quantize}'s quantised base "
+                      "layers are not converted, so the two do not combine.",
+         lambda j, a: "plan QLoRA in --precision bf16-amp, or FP8 without --quantize",
+         lambda j, a: j.with_(precision=BF16_AMP), fatal=True),
     Rule("bitsandbytes-cuda-only", "error",
          lambda j, a: a.kind == "tpu" and _bnb(j),
          lambda j, a: f"{a.id} cannot run bitsandbytes ({_bnb_what(j)}): its kernels are CUDA-only.",

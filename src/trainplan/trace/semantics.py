@@ -39,6 +39,9 @@ class KernelSemantics:
     optimizer_foreach: torch.optim's default implementation on the device: the multi-tensor
         (foreach) kernels on CUDA/ROCm, the per-parameter loop where PyTorch has no foreach
         kernels (MPS: torch/utils/_foreach_utils.py lists cuda, xpu, mtia and privateuse1 only).
+    fp8: the FP8 training recipe the linears run (trace/fp8.py), None without.
+    fp8_transpose: the GPU keeps FP8 transposes beside the data (Transformer Engine on GPUs
+        without non-TN FP8 GEMMs: Hopper, Ada, sm120).
     """
 
     attention: str = "efficient"
@@ -46,10 +49,13 @@ class KernelSemantics:
     fused_dropout: bool = True
     channels_last: bool = False
     optimizer_foreach: bool = True
+    fp8: str | None = None
+    fp8_transpose: bool = False
 
     def key(self) -> tuple:
         base = (self.attention, str(self.autocast_dtype), self.fused_dropout, self.channels_last)
-        extra = ("loop",) if not self.optimizer_foreach else ()
+        extra = (("loop",) if not self.optimizer_foreach else ()) + \
+            ((f"fp8:{self.fp8}:{int(self.fp8_transpose)}",) if self.fp8 else ())
         return base + extra
 
 

@@ -28,7 +28,7 @@ from ..errors import TrainplanError
 from ..models import ModelBundle, build_model
 from ..models.custom import user_files
 from ..models.lora import apply_lora
-from . import moe, store
+from . import fp8, moe, store
 from . import blocks as block_tags
 from .checkpointing import apply_checkpointing
 from .counters import CATEGORIES, OpRecord, StepCounter, event_blocks
@@ -273,6 +273,9 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
     model.train()
     counter = StepCounter()
     sem = TargetSemantics(semantics, on_weight_cast=lambda t: counter.track(t, "weight_casts"))
+    if semantics.fp8:      # FP8 linears (trace/fp8.py); their FP8 weight copies are weight casts
+        fp8.convert(model, semantics.fp8, semantics.fp8_transpose,
+                    on_weight_cast=lambda t: counter.track(t, "weight_casts"))
     amp = semantics.autocast_dtype is not None
 
     @contextlib.contextmanager
