@@ -55,4 +55,5 @@ def semantics_for(job, accel: Accelerator) -> KernelSemantics:
     return KernelSemantics(attention=attention, autocast_dtype=autocast,
                            channels_last=bool(job.channels_last),
                            optimizer_foreach=accel.backend != "mps",
-                           fp8=fp8, fp8_transpose=bool(fp8) and fp8_transpose(accel))
+                           fp8=fp8, fp8_transpose=bool(fp8) and fp8.startswith("te-")
+                           and fp8_transpose(accel))
