@@ -182,7 +182,8 @@ RULES: tuple[Rule, ...] = (
          lambda j, a: a.backend == "mps",
          lambda j, a: "unified memory: by default the GPU may wire "
                       f"{fmt_bytes(a.usable_memory_bytes)} of the "
-                      f"{fmt_bytes(a.memory_per_device_bytes)}, the capacity planned here.",
+                      f"{fmt_bytes(a.memory_per_device_bytes)}, the capacity planned here; "
+                      "macOS and the Python process (host RAM) use the rest.",
          lambda j, a: "to let it use more: sudo sysctl iogpu.wired_limit_mb=<MiB> (leave room "
                       "for macOS and Python)", kind="advice"),
     Rule("pure-half-no-master-weights", "info",
