@@ -239,3 +239,16 @@ def test_html_report_shows_the_new_platforms():
 def test_step_time_note_names_the_median_ceiling():
     assert "median measured ceiling" in BUNDLED_ONLY.source("b200")["text"]
     assert "median measured ceiling" not in BUNDLED_ONLY.source("h100-sxm")["text"]
+
+
+def test_readme_accelerator_table_lists_every_catalog_row():
+    """README's table is `trainplan catalog accelerators --format md` (dated there); every row of
+    the catalog is in it, the new ones included."""
+    from pathlib import Path
+    from trainplan.accelerators import load_accelerators
+    from trainplan.report.catalog_report import accelerators_markdown
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = accelerators_markdown(list(load_accelerators().values())).splitlines()
+    assert table[0] in readme
+    for acc_id in load_accelerators():
+        assert f"\n| {acc_id} | " in readme, acc_id

@@ -25,6 +25,23 @@ def model_params(row: dict) -> str:
     return "not published"
 
 
+def accelerators_markdown(rows) -> str:
+    """The accelerator catalog as a Markdown table (the README's, `catalog accelerators --format
+    md`): capacity per device as planned (the driver's total; Apple: Metal's default working set),
+    dense peaks, backend, as-of date and source IDs (data/SOURCES.md)."""
+    head = ("| id | name | backend | devices | memory/device | bandwidth | fp16/bf16 TFLOP/s "
+            "| fp8 TFLOP/s | as of | sources |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for a in rows:
+        half = max(a.peak_flops("fp16"), a.peak_flops("bf16"))
+        fp8 = f"{a.fp8_flops / 1e12:,.1f}" if a.fp8_flops else "-"
+        lines.append(f"| {a.id} | {a.name} | {a.backend} | {a.devices_per_unit} | "
+                     f"{fmt_bytes(a.usable_memory_bytes)} | "
+                     f"{a.memory_bandwidth_bytes_per_s / 1e9:,.0f} GB/s | {half / 1e12:,.1f} | "
+                     f"{fp8} | {a.as_of} | {' '.join(a.sources)} |")
+    return "\n".join(lines)
+
+
 def print_catalog(what: str, fmt: str, platforms_file: str | None = None) -> None:
     c = console()
     if what == "accelerators":
@@ -32,6 +49,9 @@ def print_catalog(what: str, fmt: str, platforms_file: str | None = None) -> Non
         rows = list(load_accelerators().values())
         if fmt == "json":
             print(json.dumps([asdict(a) for a in rows], indent=2, default=str))
+            return
+        if fmt == "md":
+            print(accelerators_markdown(rows))
             return
         cols = [Col("id", key=True), Col("name", priority=1), Col("devices", "right", priority=3),
                 Col("memory/device", "right", priority=9), Col("bandwidth", "right", priority=5),
