@@ -75,7 +75,7 @@ def test_impossible_combinations(capsys):
 
 def test_bad_choice_values(capsys):
     code, err = run(capsys, "estimate", "--model", "hf:openai-community/gpt2", "--gpu", "t4",
-                    "--precision", "fp8")
+                    "--precision", "fp7")
     assert code == 2 and "Allowed" in err
 
 

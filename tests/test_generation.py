@@ -84,7 +84,7 @@ def test_hf_engine_on_tiny_model_is_host_bound():
     vllm = estimate_generation(job, h100, prompts=2, prompt_len=16, completion_len=8,
                                engine="vllm")
     assert vllm.bound != "kernel launches (host)" and vllm.total_s < hf.total_s
-    assert vllm.peak_bytes >= 0.9 * h100.usable_memory_bytes        # vLLM's reservation
+    assert vllm.peak_bytes >= int(0.9 * h100.usable_memory_bytes)   # vLLM's reservation (floored)
 
 
 def test_zero3_on_two_t4_is_weight_gather_bound(qwen):

@@ -280,7 +280,12 @@ def test_hf_trainer_callback(tmp_path):
     ("NVIDIA GeForce RTX 3090", 24, "rtx-3090"),
     ("NVIDIA GeForce RTX 3050 Laptop GPU", 4, "rtx-3050-laptop-4gb"),
     ("NVIDIA RTX A6000", 48, "rtx-a6000"),
-    ("NVIDIA B200", 180, None),
+    ("NVIDIA B200", 178, "b200"),
+    ("AMD Instinct MI300X", 192, "mi300x"),
+    ("AMD Radeon RX 7900 XTX", 24, "rx-7900-xtx"),
+    ("NVIDIA GeForce RTX 5090", 32, "rtx-5090"),
+    ("NVIDIA GB300", 277, None),
+    ("Apple M4 Max", 128, None),
 ])
 def test_device_names_match_catalog(name, mem_gib, expected):
     assert match_accelerator(name, mem_gib * 2**30) == expected

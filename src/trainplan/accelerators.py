@@ -12,6 +12,15 @@ Conventions (see `data/SOURCES.md`):
   A unit holds `devices_per_unit` devices (1 for GPUs; 8 TPU cores or chips). Flops,
   bandwidth, `usable_memory_bytes` and `memory_per_device_bytes` are PER DEVICE: TPU memory
   is never pooled (pytorch/xla #1881). `memory_bytes` is the whole unit's nominal memory.
+- `usable_memory_bytes` is the capacity a fit is checked against: the total the driver reports
+  (nvidia-smi's "MiB" total with ECC as the clouds run it; PyTorch's `total_memory` on ROCm;
+  Metal's `recommendedMaxWorkingSetSize` on Apple silicon, the share of unified memory the GPU
+  may wire by default). The memory model adds what the runtime takes out of it (the CUDA
+  context, NCCL's buffers: predict/memory.py). Where no driver figure was found the row keeps
+  the nominal GiB count and its notes say so.
+- `backend` is the PyTorch device stack the row runs under: cuda (NVIDIA), rocm (AMD; PyTorch's
+  "cuda" device over HIP), mps (Apple's Metal) or xla (TPUs). Kernel semantics, the allocator
+  model and the compatibility rules are chosen by it (predict/target.py, predict/compat.py).
 """
 from __future__ import annotations
 
@@ -25,6 +34,7 @@ from typing import NamedTuple
 from .errors import TrainplanError, unknown
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16")
+BACKENDS = ("cuda", "rocm", "mps", "xla")
 
 
 @dataclass(frozen=True)
@@ -32,16 +42,22 @@ class Accelerator:
     """One row of `accelerators.csv`.
 
     id: lower-case catalog id (e.g. "a100-sxm4-40gb"). aliases: other accepted names.
-    kind: "gpu" or "tpu". compute_capability: CUDA CC ("8.0"), "" for TPUs (S05).
+    kind: "gpu" or "tpu". backend: cuda | rocm | mps | xla (module docstring).
+    compute_capability: CUDA CC ("8.0"), the AMD gfx target ("gfx942"), the Apple GPU family
+        ("apple9") or "" for TPUs (S05).
     memory_bytes: nominal memory of the whole unit (sum over its devices; never pooled).
-    usable_memory_bytes: what one device lets a framework allocate (T4: 16106127360 B as
-        reported on Kaggle, S23); otherwise the nominal GiB count -- keep a reserve.
+    usable_memory_bytes: the capacity of one device as its driver reports it (module
+        docstring; T4: 16106127360 B = 15,360 MiB as reported on Kaggle, S23, and by nvidia-smi,
+        S56); the nominal GiB count where no driver figure was found (the row's notes say so).
     memory_bandwidth_bytes_per_s: peak device-memory bandwidth per device.
     fp32_flops: FP32 (non-tensor) peak per device. tf32_flops: dense TF32 tensor peak, 0 if none.
     fp16_tensor_flops: dense FP16 tensor peak with FP32 accumulate, 0 without FP16 tensor cores.
     bf16_flops: dense BF16 peak, 0 if unsupported. fp16_nontensor_flops: FP16 on CUDA cores
         with fp16 accumulation (P100: 18.7e12, S46; catalog fact only, PyTorch does not run it). int8_ops: dense INT8 tensor peak (ops/s).
-    tensor_cores: "+"-joined tensor precisions ("none", "fp16+int8", "fp16+bf16+tf32+int8", "mxu-bf16").
+    fp8_flops: dense FP8 (e4m3/e5m2) tensor peak with FP32 accumulate, what `torch._scaled_mm`
+        runs at (0: no FP8 tensor cores; GeForce parts are half rate with FP32 accumulate).
+    tensor_cores: "+"-joined tensor precisions ("none", "fp16+int8", "fp16+bf16+tf32+int8",
+        "mxu-bf16"; Blackwell adds the block-scaled "mxfp8", "mxfp4" and "nvfp4").
     supports_bf16 / flash_attention_2: kernel support (S06: both need sm80+).
     tdp_watts: board power per device. sustained_clock_fraction: share of boost clock held
         under training load (T4 900/1590 MHz under its 70 W cap, S38; else 1.0).
@@ -57,6 +73,7 @@ class Accelerator:
     name: str
     vendor: str
     kind: str
+    backend: str
     compute_capability: str
     memory_bytes: int
     usable_memory_bytes: int
@@ -67,6 +84,7 @@ class Accelerator:
     bf16_flops: float | None
     fp16_nontensor_flops: float | None
     int8_ops: float | None
+    fp8_flops: float | None
     tensor_cores: str
     supports_bf16: bool
     flash_attention_2: bool
@@ -114,6 +132,11 @@ class Accelerator:
         return float(rate)
 
     @property
+    def has_fp8(self) -> bool:
+        """FP8 tensor cores (Ada, Hopper, Blackwell, CDNA3+): what FP8 training needs."""
+        return bool(self.fp8_flops)
+
+    @property
     def unit_memory_bytes(self) -> int:
         """Total memory of the unit (devices x per-device); for display, never for fit checks."""
         return self.memory_per_device_bytes * self.devices_per_unit
@@ -151,7 +174,8 @@ _CONVERT = {
     "devices_per_unit": int, "memory_bandwidth_bytes_per_s": float,
     "sustained_clock_fraction": float, "supports_bf16": _bool, "flash_attention_2": _bool,
     **{k: _opt_float for k in ("fp32_flops", "tf32_flops", "fp16_tensor_flops", "bf16_flops",
-                               "fp16_nontensor_flops", "int8_ops", "tdp_watts", "interconnect_bytes_per_s")},
+                               "fp16_nontensor_flops", "int8_ops", "fp8_flops", "tdp_watts",
+                               "interconnect_bytes_per_s")},
 }
 
 
@@ -166,6 +190,9 @@ def _parse_row(row: dict[str, str], line: int) -> Accelerator:
     problems = []
     if acc.kind not in ("gpu", "tpu"):
         problems.append(f"kind {acc.kind!r} is not gpu|tpu")
+    if acc.backend not in BACKENDS or (acc.kind == "tpu") != (acc.backend == "xla"):
+        problems.append(f"backend {acc.backend!r} is not one of {'|'.join(BACKENDS)} "
+                        "(xla for TPUs, and only for them)")
     if not acc.sources:
         problems.append("no sources")
     if acc.memory_bytes != acc.memory_per_device_bytes * acc.devices_per_unit:

@@ -8,6 +8,8 @@ fp32 master weights. One type, parsed once where a job is read (spec.py); everyt
     bf16-amp   fp32             bf16 (torch.autocast)            fp32     no
     fp16       fp16             fp16 (model.half())              none     yes
     bf16       bf16             bf16 (model.to(bfloat16))        none     no
+    fp8-*      fp32             FP8 linear GEMMs, bf16 autocast  fp32     no
+                                elsewhere (trace/fp8.py)
 
 `fp32` follows PyTorch's defaults since 1.12: `torch.backends.cuda.matmul.allow_tf32 = False`,
 `torch.backends.cudnn.allow_tf32 = True` (PyTorch docs, "TensorFloat-32 (TF32) on Ampere (and
@@ -22,6 +24,14 @@ mixed_precision:`) means AMP: fp32 weights, fp16 autocast. trainplan's own `prec
 pure fp16 (the whole model in fp16, no master copy), as `model.half()` does. So the spelling is read
 in its context (`parse(text, mixed=True)` for a `mixed_precision` key) and every output prints the
 `label`, which says which one was planned.
+
+FP8 training is a precision with its recipe named: Transformer Engine's delayed scaling
+(`DelayedScaling`, amax history 1024), current scaling (`Float8CurrentScaling`) and MXFP8
+(`MXFP8BlockScaling`, Blackwell), torchao's float8 tensorwise (its default) and rowwise. Each keeps
+fp32 master weights under bf16 autocast and runs the linears' GEMMs in FP8; what each keeps for
+backward is trace/fp8.py's. `fp8` alone, like accelerate's `mixed_precision: fp8`, is torchao
+tensorwise: accelerate auto-detects torchao first, then Transformer Engine, then MS-AMP
+(`Accelerator.__init__`, huggingface/accelerate @16cb6eb; data/SOURCES.md S116).
 """
 from __future__ import annotations
 
@@ -39,6 +49,7 @@ class Precision(Named):
     autocast: str | None      # torch.autocast dtype (float16 | bfloat16), None without AMP
     label: str                # what every output prints
     spellings: tuple[str, ...] = ()
+    fp8: str | None = None    # the FP8 recipe (trace/fp8.py RECIPES), None without FP8
 
     @property
     def amp(self) -> bool:
@@ -79,10 +90,18 @@ class Precision(Named):
         gradients and activations sent between devices take (2 for fp16/bf16, 4 otherwise)."""
         return 4 if self.full else 2
 
+    @property
+    def fp8_library(self) -> str | None:
+        """"Transformer Engine" or "torchao" for an FP8 precision, None otherwise."""
+        if not self.fp8:
+            return None
+        return "Transformer Engine" if self.fp8.startswith("te-") else "torchao"
+
     def with_compute(self, compute: str) -> "Precision":
-        """The same kind of precision (AMP or pure) in another 16-bit dtype: bf16 -> fp16."""
+        """The same kind of precision (AMP or pure) in another 16-bit dtype: bf16 -> fp16.
+        An FP8 precision goes to the 16-bit AMP of that dtype."""
         return next(p for p in ALL if p.amp == self.amp and p.compute == compute
-                    and p.pure_half == self.pure_half)
+                    and p.pure_half == self.pure_half and not p.fp8)
 
 
 FP32 = Precision("fp32", "float32", "fp32", None,
@@ -103,11 +122,34 @@ FP16 = Precision("fp16", "float16", "fp16", None,
 BF16 = Precision("bf16", "bfloat16", "bf16", None,
                  "pure bf16 (weights, gradients and optimizer in bf16; no master copy)",
                  ("bf16", "bfloat16", "bf16-true"))
-ALL: tuple[Precision, ...] = (FP32, TF32, FP16_AMP, BF16_AMP, FP16, BF16)
+_FP8 = "fp32 master weights, bf16 autocast, the linears' GEMMs in FP8"
+FP8_TE_DELAYED = Precision("fp8-te-delayed", "float32", "bf16", "bfloat16",
+                           f"fp8 Transformer Engine delayed scaling ({_FP8}; amax history 1024)",
+                           ("fp8-te-delayed", "fp8-te", "te-fp8", "te-delayed", "fp8-delayed",
+                            "transformer-engine"), fp8="te-delayed")
+FP8_TE_CURRENT = Precision("fp8-te-current", "float32", "bf16", "bfloat16",
+                           f"fp8 Transformer Engine current scaling ({_FP8})",
+                           ("fp8-te-current", "te-current", "fp8-current"), fp8="te-current")
+FP8_TE_MXFP8 = Precision("fp8-te-mxfp8", "float32", "bf16", "bfloat16",
+                         f"MXFP8 Transformer Engine block scaling ({_FP8}, a scale per 32 values)",
+                         ("fp8-te-mxfp8", "mxfp8", "te-mxfp8", "fp8-mxfp8"), fp8="te-mxfp8")
+FP8_AO_TENSORWISE = Precision("fp8-torchao-tensorwise", "float32", "bf16", "bfloat16",
+                              f"fp8 torchao float8 tensorwise ({_FP8}; one scale per tensor)",
+                              ("fp8-torchao-tensorwise", "fp8", "float8", "fp8-torchao",
+                               "torchao-float8", "float8-tensorwise", "torchao-tensorwise"),
+                              fp8="torchao-tensorwise")
+FP8_AO_ROWWISE = Precision("fp8-torchao-rowwise", "float32", "bf16", "bfloat16",
+                           f"fp8 torchao float8 rowwise ({_FP8}; one scale per row)",
+                           ("fp8-torchao-rowwise", "float8-rowwise", "torchao-rowwise"),
+                           fp8="torchao-rowwise")
+FP8_ALL = (FP8_AO_TENSORWISE, FP8_AO_ROWWISE, FP8_TE_DELAYED, FP8_TE_CURRENT, FP8_TE_MXFP8)
+ALL: tuple[Precision, ...] = (FP32, TF32, FP16_AMP, BF16_AMP, FP16, BF16) + FP8_ALL
 NAMES = tuple(p.name for p in ALL)
 
-# accelerate / the seeds' `mixed_precision:` key: the value names the autocast dtype
-_MIXED = {"fp16": FP16_AMP, "bf16": BF16_AMP, "no": FP32, "none": FP32, "fp32": FP32, "fp8": None}
+# accelerate / the seeds' `mixed_precision:` key: the value names the autocast dtype (fp8: what
+# accelerate picks when torchao is installed, its first choice; module docstring)
+_MIXED = {"fp16": FP16_AMP, "bf16": BF16_AMP, "no": FP32, "none": FP32, "fp32": FP32,
+          "fp8": FP8_AO_TENSORWISE}
 
 
 def _table() -> dict[str, Precision]:
@@ -121,11 +163,7 @@ def parse(value, mixed: bool = False, where: str = "--precision") -> Precision:
         return value
     text = str(value).strip().lower().replace("_", "-")
     if mixed and text in _MIXED:
-        p = _MIXED[text]
-        if p is None:
-            raise TrainplanError(f"{where} {value!r}: fp8 training (Transformer Engine) is not "
-                                 "modelled.", fix="plan it as bf16 mixed precision: bf16")
-        return p
+        return _MIXED[text]
     table = _table()
     if text in table:
         return table[text]
@@ -137,6 +175,8 @@ def parse(value, mixed: bool = False, where: str = "--precision") -> Precision:
 def spellings_table() -> list[tuple[str, str, str]]:
     """(canonical name, accepted spellings, meaning) for the README and `--help`."""
     rows = [(p.name, ", ".join(p.spellings), p.label) for p in ALL]
-    rows.append(("(mixed_precision: key)", "fp16 -> fp16-amp, bf16 -> bf16-amp, no -> fp32",
-                 "accelerate's meaning: the autocast dtype of mixed precision"))
+    rows.append(("(mixed_precision: key)", "fp16 -> fp16-amp, bf16 -> bf16-amp, no -> fp32, "
+                 "fp8 -> fp8-torchao-tensorwise",
+                 "accelerate's meaning: the autocast dtype of mixed precision (fp8: the backend "
+                 "it auto-detects first)"))
     return rows

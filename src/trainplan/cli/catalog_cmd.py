@@ -9,7 +9,9 @@ def catalog_command_parser(sub) -> None:
     p.add_argument("what", nargs="?", default="accelerators",
                    choices=("accelerators", "platforms", "models"))
     p.add_argument("--platforms-file", help="YAML file of your own platforms")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json", "md"), default="text",
+                   help="md: a Markdown table (accelerators only; platforms and models print "
+                        "text)")
     p.set_defaults(func=catalog_command)
 
 

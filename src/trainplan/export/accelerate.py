@@ -11,10 +11,30 @@ from ..strategy import DDP, DP, FSDP
 from .common import DEFAULT_PORT, Launch
 
 
+# accelerate's fp8_config per FP8 recipe (precision.py): `accelerate launch` exports each key as
+# ACCELERATE_FP8_<KEY>, which TERecipeKwargs / AORecipeKwargs read (huggingface/accelerate
+# @16cb6eb, utils/launch.py `setup_fp8_env`, utils/dataclasses.py). Its TE path builds
+# DelayedScaling (or MXFP8BlockScaling), its AO path torchao's default (tensorwise) config.
+FP8_CONFIG = {"te-delayed": {"backend": "TE", "fp8_format": "HYBRID", "amax_history_len": 1024},
+              "te-mxfp8": {"backend": "TE", "use_mxfp8_block_scaling": True},
+              "te-current": {"backend": "TE"},
+              "torchao-tensorwise": {"backend": "AO"},
+              "torchao-rowwise": {"backend": "AO"}}
+# recipes accelerate's config cannot name: what the script has to pass itself
+FP8_IN_SCRIPT = {
+    "te-current": "accelerate builds only TE's DelayedScaling/MXFP8: run the forward under "
+                  "transformer_engine.pytorch.autocast(recipe=Float8CurrentScaling()) in the "
+                  "script",
+    "torchao-rowwise": "pass Accelerator(kwargs_handlers=[AORecipeKwargs(config="
+                       "Float8LinearConfig.from_recipe_name('rowwise'))])"}
+
+
 def mixed_precision(ln: Launch) -> str:
-    """accelerate's mixed_precision: the autocast dtype of an AMP plan; 'no' otherwise (a pure
-    fp16/bf16 plan casts the model itself, as the header says)."""
+    """accelerate's mixed_precision: the autocast dtype of an AMP plan, 'fp8' for an FP8 plan;
+    'no' otherwise (a pure fp16/bf16 plan casts the model itself, as the header says)."""
     p = ln.precision
+    if p.fp8:
+        return "fp8"
     if p.amp:
         return "fp16" if p.is_fp16 else "bf16"
     return "no"
@@ -31,6 +51,8 @@ def config(ln: Launch) -> dict:
                "enable_cpu_affinity": False, "gpu_ids": "all"}
     if ln.nodes > 1:
         c.update(main_process_ip="NODE0_ADDRESS", main_process_port=DEFAULT_PORT)
+    if ln.precision.fp8:
+        c["fp8_config"] = dict(FP8_CONFIG[ln.precision.fp8])
     if ln.accelerator_kind == "tpu":
         c.update(distributed_type="XLA", num_processes=ln.devices)
         c.pop("gpu_ids")
@@ -70,6 +92,8 @@ def render(ln: Launch) -> dict[str, str]:
     if ln.strategy is DP:
         note = ("# DataParallel: one process over all GPUs (the script wraps the model in "
                 "torch.nn.DataParallel); accelerate runs it as one process.\n")
+    if ln.precision.fp8 in FP8_IN_SCRIPT:
+        note += f"# {ln.precision.name}: {FP8_IN_SCRIPT[ln.precision.fp8]}\n"
     ga = (f"# gradient accumulation: {ln.grad_accum} -- pass "
           f"Accelerator(gradient_accumulation_steps={ln.grad_accum}) (the DeepSpeed plugin "
           "carries it itself)\n")

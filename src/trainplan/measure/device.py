@@ -31,7 +31,8 @@ from ..accelerators import get_accelerator, load_accelerators
 from ..errors import TrainplanError
 
 # words that name a vendor or a product line, not the model (the model token is what is left)
-_VENDOR_WORDS = {"nvidia", "tesla", "geforce", "rtx", "quadro", "google"}
+_VENDOR_WORDS = {"nvidia", "tesla", "geforce", "rtx", "quadro", "google", "amd", "instinct", "radeon",
+                 "rx"}
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,8 @@ def _model_token(catalog_name: str) -> str | None:
 
 
 def match_accelerator(device_name: str, total_memory_bytes: int | None = None) -> str | None:
-    """The catalog id of a CUDA device, from the name the driver reports, or None.
+    """The catalog id of a CUDA device (ROCm's HIP devices report as CUDA ones), from the name
+    the driver reports, or None.
 
     Driver names ("NVIDIA A100-SXM4-80GB", "Tesla T4", "NVIDIA H100 80GB HBM3", "NVIDIA A10G")
     are matched on the model token of each catalog row's name (a100, t4, h100, a10g, 3090), then
@@ -111,7 +113,7 @@ def match_accelerator(device_name: str, total_memory_bytes: int | None = None) -
     """
     tokens = set(_tokens(device_name))
     cands = [a for a in load_accelerators().values()
-             if a.kind == "gpu" and _model_token(a.name) in tokens]
+             if a.backend in ("cuda", "rocm") and _model_token(a.name) in tokens]
     if not cands:
         return None
     for form in ("laptop", "pcie"):

@@ -24,6 +24,15 @@ it releases its whole cache, so the least device memory the step runs in (within
 the limit with `replay_within` on the traces we checked: Stable LM 2 1.6B, micro-batch 1-33).
 `replay_within(events, limit)` replays with a device limit and says whether the retry path would
 still run out of memory.
+
+The same replay serves each backend with its own constants (`Rules`, `rules_for`): ROCm runs the
+CUDA allocator itself (PyTorch hipifies CUDACachingAllocator.cpp, so HIP's caching allocator has
+the same rounding and segment sizes); Apple's MPS allocator (aten/src/ATen/mps/MPSAllocator.h,
+data/SOURCES.md S111) is "based on CUDACachingAllocator" with Metal heaps in place of segments:
+requests <= 1 MiB share 8 MiB heaps, < 10 MiB 32 MiB heaps, < 512 MiB 1 GiB heaps on a
+unified-memory device, larger ones get a heap of their own rounded to 2 MiB; it too frees its
+cached heaps and retries before failing. Buffers are taken as rounded to Apple silicon's 16 KiB
+VM page (the heap's alignment is whatever Metal's `heapBufferSizeAndAlign` answers; assumed).
 """
 from __future__ import annotations
 
@@ -39,6 +48,31 @@ ROUND_LARGE = 2 * MB
 MIN_BLOCK = 512
 
 
+@dataclass(frozen=True)
+class Rules:
+    """One backend's allocator constants (module docstring)."""
+
+    name: str
+    min_block: int = MIN_BLOCK            # every size rounds up to this
+    small_size: int = SMALL_SIZE          # requests up to this come from the small pool
+    small_segment: int = SMALL_BUFFER     # what a small request's new segment/heap is
+    large_segment: int = LARGE_BUFFER     # ... a request under min_large_alloc's
+    min_large_alloc: int = MIN_LARGE_ALLOC
+    round_large: int = ROUND_LARGE        # a bigger request's own segment rounds to this
+    xlarge_segment: int = 0               # MPS: requests under half of it share a heap this size
+    split_large: int = SMALL_SIZE         # a large-pool block splits when more than this is left
+
+
+CUDA = Rules("cuda")          # and ROCm: the same allocator, hipified
+MPS = Rules("mps", min_block=16 * KB, small_segment=8 * MB, large_segment=32 * MB,
+            xlarge_segment=1024 * MB, split_large=16 * KB)
+
+
+def rules_for(backend: str) -> Rules:
+    """The allocator model of a catalog backend (cuda, rocm, mps, xla)."""
+    return MPS if backend == "mps" else CUDA
+
+
 @dataclass
 class _Block:
     seg: int
@@ -47,20 +81,24 @@ class _Block:
     free: bool = True
 
 
-def _round(n: int) -> int:
-    return max(MIN_BLOCK, (n + MIN_BLOCK - 1) // MIN_BLOCK * MIN_BLOCK)
+def _round(n: int, rules: Rules = CUDA) -> int:
+    b = rules.min_block
+    return max(b, (n + b - 1) // b * b)
 
 
-def _segment_size(n: int) -> int:
-    if n <= SMALL_SIZE:
-        return SMALL_BUFFER
-    if n < MIN_LARGE_ALLOC:
-        return LARGE_BUFFER
-    return (n + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
+def _segment_size(n: int, rules: Rules = CUDA) -> int:
+    if n <= rules.small_size:
+        return rules.small_segment
+    if n < rules.min_large_alloc:
+        return rules.large_segment
+    if rules.xlarge_segment and n < rules.xlarge_segment // 2:
+        return rules.xlarge_segment
+    return (n + rules.round_large - 1) // rules.round_large * rules.round_large
 
 
 class CachingAllocatorModel:
-    def __init__(self, limit_bytes: int | None = None):
+    def __init__(self, limit_bytes: int | None = None, rules: Rules = CUDA):
+        self.rules = rules
         self.limit_bytes = limit_bytes          # segments may not exceed this (device free memory)
         self.oom = False                        # a request failed even after releasing the cache
         self._seg_size: dict[int, int] = {}
@@ -88,15 +126,16 @@ class CachingAllocatorModel:
             lst.pop(i)
 
     def malloc(self, key: int, nbytes: int) -> None:
-        size = _round(nbytes)
-        small = size <= SMALL_SIZE
+        rules = self.rules
+        size = _round(nbytes, rules)
+        small = size <= rules.small_size
         lst = self._free[small]
         i = bisect.bisect_left(lst, (size, -1, -1))
         if i < len(lst):
             _, seg, off = lst.pop(i)
             block = self._blocks[(seg, off)]
         else:
-            seg_size = _segment_size(size)
+            seg_size = _segment_size(size, rules)
             if self.limit_bytes is not None and self.reserved + seg_size > self.limit_bytes:
                 self._release_cached_segments()
                 if self.reserved + seg_size > self.limit_bytes:
@@ -112,7 +151,7 @@ class CachingAllocatorModel:
             self._seg_blocks[seg] = [0]
             self._seg_small[seg] = small
         remaining = block.size - size
-        if remaining >= MIN_BLOCK if small else remaining > SMALL_SIZE:
+        if remaining >= rules.min_block if small else remaining > rules.split_large:
             rest = _Block(block.seg, block.offset + size, remaining)
             self._blocks[(rest.seg, rest.offset)] = rest
             bisect.insort(self._seg_blocks[rest.seg], rest.offset)
@@ -174,11 +213,11 @@ class CachingAllocatorModel:
         self._add_free(block, small)
 
 
-def replay(events: list[tuple[int, int]]) -> tuple[int, int, int]:
+def replay(events: list[tuple[int, int]], rules: Rules = CUDA) -> tuple[int, int, int]:
     """(peak allocated, peak reserved, peak pinned) bytes for a traced alloc(+)/free(-) event
     stream. Pinned: segments that hold at least one live block, the part of the reserved memory
     the allocator could not give back at that moment."""
-    model = CachingAllocatorModel()
+    model = CachingAllocatorModel(rules=rules)
     malloc, free = model.malloc, model.free
     for key, nbytes in events:
         if nbytes > 0:
@@ -188,10 +227,11 @@ def replay(events: list[tuple[int, int]]) -> tuple[int, int, int]:
     return model.peak_allocated, model.peak_reserved, model.peak_pinned
 
 
-def replay_within(events: list[tuple[int, int]], limit_bytes: int) -> tuple[int, bool]:
+def replay_within(events: list[tuple[int, int]], limit_bytes: int,
+                  rules: Rules = CUDA) -> tuple[int, bool]:
     """(peak reserved, out of memory?) replaying `events` on a device with `limit_bytes` free for
     the allocator, cached segments released and the request retried when a cudaMalloc would fail."""
-    model = CachingAllocatorModel(limit_bytes)
+    model = CachingAllocatorModel(limit_bytes, rules)
     for key, nbytes in events:
         if nbytes > 0:
             model.malloc(key, nbytes)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from .timing import bundled_accuracy
+from .timing import bundled_accuracy, load_efficiency
 
 UNMEASURED_TERMS = ("communication", "data_wait")   # a one-device synthetic run has neither
 BUNDLED, EXPLICIT, MEASURED = "bundled", "explicit", "measured"
@@ -56,11 +56,18 @@ class Calibration:
             words += (f", off by {acc['loso_median_abs_err']:.0%} (median) and "
                       f"{acc['loso_p90_abs_err']:.0%} (p90) on published runs it was not "
                       "fitted to")
+        params = self.params if self.params is not None else load_efficiency()
+        ceiling = accel_id in params.get("matmul_ceiling", {})
+        if not ceiling and "tc_emax" in params:
+            words += (f"; with no measured matmul ceiling for {accel_id}, on its datasheet peaks "
+                      f"at the median measured ceiling ({params['tc_emax']:.0%})")
         if f is None:
             return {"kind": model, "time_model": model, "measured": False,
+                    "matmul_ceiling_measured": ceiling,
                     "text": f"{words}; no measurements of {accel_id} (trainplan measure, then "
                             "trainplan calibrate)"}
         return {"kind": MEASURED, "time_model": model, "measured": True,
+                "matmul_ceiling_measured": ceiling,
                 "step_time_factor": f.step_time_factor, "measurements": f.measurements,
                 "first": f.first, "last": f.last, "file": f.file,
                 "text": f"{words}, calibrated on {f.measurements} of your measurements of "

@@ -7,8 +7,17 @@ it will run; the fix ladder asks `violation` of every rung it proposes, and skip
 target cannot run with the rule's reason (8-bit AdamW or QLoRA on a TPU, ZeRO on one device).
 
 Facts: bf16 needs sm80+ (CUDA bf16 arithmetic; NVIDIA A100 whitepaper); FlashAttention-2 needs sm80+
-(Dao-AILab/flash-attention README); bitsandbytes and DeepSpeed offload are CUDA-only; DataParallel
-is `torch.nn.DataParallel`, CUDA-only; TPUs compute autocast in bf16 (torch_xla AMP docs).
+(Dao-AILab/flash-attention README); bitsandbytes and DeepSpeed offload need CUDA (or ROCm);
+DataParallel is `torch.nn.DataParallel`, CUDA-only; TPUs compute autocast in bf16 (torch_xla AMP
+docs).
+By backend (data/SOURCES.md S111-S113, S116): FP8 training needs FP8 tensor cores (Ada, Hopper,
+Blackwell; AMD CDNA3+) and a CUDA or ROCm build -- Transformer Engine's recipes are NVIDIA's
+(torchao's float8 "supports both NVIDIA and AMD hardware", its training docs), MXFP8 needs
+Blackwell's block-scaled tensor cores, and FP8 converts nn.Linear, not bitsandbytes' quantised
+layers. ROCm runs bitsandbytes (LLM.int8, QLoRA 4-bit, 8-bit optimizers on gfx90a/942/950 and
+RDNA 2-4), DeepSpeed and NCCL's counterpart RCCL; SDPA's AOTriton kernels are experimental on the
+RDNA parts. Apple's MPS has one device, no DeepSpeed and no flash-attn build, and bitsandbytes'
+8-bit optimizers are planned there, not supported (its README; QLoRA 4-bit and LLM.int8 are).
 """
 from __future__ import annotations
 
@@ -17,9 +26,11 @@ from dataclasses import dataclass
 
 from ..accelerators import Accelerator
 from ..errors import TrainplanError
-from ..precision import FP16_AMP
+from ..precision import BF16_AMP, FP16_AMP, FP8_AO_TENSORWISE, FP8_TE_CURRENT
 from ..strategy import DDP, DP, SINGLE
 from ..trace.optimizers import BNB as BNB_OPTIMIZERS
+from ..trace.semantics import ROCM_EXPERIMENTAL_SDPA
+from ..units import fmt_bytes
 from .findings import Finding
 from .target import devices
 
@@ -55,7 +66,38 @@ def _sm(accel) -> str:
     return "sm" + str(accel.compute_capability).replace(".", "")
 
 
+def _fp8(job) -> str | None:
+    return job.precision.fp8
+
+
 RULES: tuple[Rule, ...] = (
+    Rule("fp8-needs-fp8-tensor-cores", "error",
+         lambda j, a: bool(_fp8(j)) and (a.kind != "gpu" or a.backend == "mps" or not a.has_fp8),
+         lambda j, a: f"{a.id} cannot run {j.precision}: {j.precision.fp8_library}'s FP8 "
+                      "training needs FP8 tensor cores (NVIDIA Ada, Hopper or Blackwell; AMD "
+                      f"CDNA3+) under CUDA or ROCm, and {a.id} "
+                      + ("has none." if a.kind == "gpu" and a.backend != "mps" else
+                         f"runs {a.backend.upper()}."),
+         lambda j, a: "use --precision " + ("bf16-amp" if a.supports_bf16 else "fp16-amp")
+                      + " (the same job without the FP8 GEMMs)",
+         lambda j, a: j.with_(precision=BF16_AMP if a.supports_bf16 else FP16_AMP), fatal=True),
+    Rule("fp8-transformer-engine-needs-cuda", "error",
+         lambda j, a: bool(_fp8(j)) and j.precision.fp8.startswith("te-") and a.backend == "rocm",
+         lambda j, a: f"{j.precision} is NVIDIA's Transformer Engine; on {a.id} (ROCm) plan "
+                      "torchao's float8, which supports AMD GPUs.",
+         lambda j, a: "use --precision fp8-torchao-tensorwise (or fp8-torchao-rowwise)",
+         lambda j, a: j.with_(precision=FP8_AO_TENSORWISE), fatal=True),
+    Rule("mxfp8-needs-blackwell", "error",
+         lambda j, a: _fp8(j) == "te-mxfp8" and a.has_fp8 and "mxfp8" not in a.tensor_cores,
+         lambda j, a: f"MXFP8 needs Blackwell's block-scaled tensor cores; {a.id} has plain FP8.",
+         lambda j, a: "use --precision fp8-te-current (or fp8-te-delayed)",
+         lambda j, a: j.with_(precision=FP8_TE_CURRENT), fatal=True),
+    Rule("fp8-with-quantized-base", "error",
+         lambda j, a: bool(_fp8(j)) and j.quantize.on,
+         lambda j, a: f"FP8 training converts nn.Linear layers; {j.quantize}'s quantised base "
+                      "layers are not converted, so the two do not combine.",
+         lambda j, a: "plan QLoRA in --precision bf16-amp, or FP8 without --quantize",
+         lambda j, a: j.with_(precision=BF16_AMP), fatal=True),
     Rule("bitsandbytes-cuda-only", "error",
          lambda j, a: a.kind == "tpu" and _bnb(j),
          lambda j, a: f"{a.id} cannot run bitsandbytes ({_bnb_what(j)}): its kernels are CUDA-only.",
@@ -63,8 +105,20 @@ RULES: tuple[Rule, ...] = (
          lambda j, a: j.with_(quantize="none",
                               optimizer="adamw" if j.optimizer in BNB_OPTIMIZERS else j.optimizer),
          fatal=True),
+    Rule("bitsandbytes-optimizers-mps", "error",
+         lambda j, a: a.backend == "mps" and j.optimizer in BNB_OPTIMIZERS,
+         lambda j, a: f"bitsandbytes' 8-bit and paged optimizers ({j.optimizer}) are not "
+                      "supported on Apple's Metal backend (planned; QLoRA 4-bit and LLM.int8 are).",
+         lambda j, a: "use --optimizer adamw (or adafactor to save optimizer memory)",
+         lambda j, a: j.with_(optimizer="adamw"), fatal=True),
+    Rule("mps-one-device", "error",
+         lambda j, a: a.backend == "mps" and j.gpus > 1,
+         lambda j, a: f"PyTorch's MPS backend exposes one GPU per machine; {j.gpus} x {a.id} "
+                      "would be several Macs, which this plan does not model.",
+         lambda j, a: "plan one Mac: --gpus 1",
+         lambda j, a: j.with_(gpus=1, strategy=SINGLE), fatal=True),
     Rule("offload-cuda-only", "error",
-         lambda j, a: a.kind == "tpu" and j.offload != "none",
+         lambda j, a: (a.kind == "tpu" or a.backend == "mps") and j.offload != "none",
          lambda j, a: f"CPU offload is a DeepSpeed (CUDA) feature; {a.id} cannot run it.",
          lambda j, a: "drop --offload",
          lambda j, a: j.with_(offload="none"), fatal=True),
@@ -73,6 +127,20 @@ RULES: tuple[Rule, ...] = (
          lambda j, a: "DataParallel (--strategy dp) is CUDA-only.",
          lambda j, a: "TPUs replicate over their cores: use --strategy ddp",
          lambda j, a: j.with_(strategy=DDP), fatal=True),
+    Rule("flash-attn-not-on-mps", "error",
+         lambda j, a: a.backend == "mps" and j.attention == "flash",
+         lambda j, a: f"flash-attn has no Metal build: --attention flash cannot run on {a.id}; "
+                      "SDPA runs its math path there when training (the s x s scores are kept).",
+         lambda j, a: "use --attention sdpa; for long sequences, gradient checkpointing or a "
+                      "shorter --seq-len",
+         lambda j, a: j.with_(attention="sdpa")),
+    Rule("rocm-sdpa-experimental", "warning",
+         lambda j, a: a.backend == "rocm" and a.compute_capability in ROCM_EXPERIMENTAL_SDPA
+         and j.attention in ("auto", "sdpa"),
+         lambda j, a: f"SDPA's flash kernels are experimental on {a.compute_capability}: PyTorch "
+                      "runs the math path (the s x s scores are kept) unless they are enabled.",
+         lambda j, a: "export TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1, or --attention flash "
+                      "(flash-attn's composable_kernel backend supports RDNA 3)"),
     Rule("sharding-one-device", "error",
          lambda j, a: j.strategy.sharded and devices(j, a) <= 1 and j.offload == "none",
          lambda j, a: f"--strategy {j.strategy} on one device shards nothing.",
@@ -86,7 +154,7 @@ RULES: tuple[Rule, ...] = (
          lambda j, a: f"use --precision {j.precision.with_compute('fp16')} (with loss scaling)",
          lambda j, a: j.with_(precision=j.precision.with_compute("fp16"))),
     Rule("flash-needs-sm80", "warning",
-         lambda j, a: _gpu(a) and j.attention == "flash" and not a.flash_attention_2,
+         lambda j, a: a.backend == "cuda" and j.attention == "flash" and not a.flash_attention_2,
          lambda j, a: f"FlashAttention-2 needs sm80+ and {a.id} is {_sm(a)}; PyTorch falls back "
                       "to the memory-efficient kernel.",
          lambda j, a: "use --attention sdpa (same memory, no flash-attn install)",
@@ -110,6 +178,14 @@ RULES: tuple[Rule, ...] = (
          lambda j, a: a.kind == "tpu" and j.precision is FP16_AMP,
          lambda j, a: "TPUs compute in bf16; fp16 AMP is traced as bf16.",
          lambda j, a: None, kind="advice"),
+    Rule("unified-memory", "info",
+         lambda j, a: a.backend == "mps",
+         lambda j, a: "unified memory: by default the GPU may wire "
+                      f"{fmt_bytes(a.usable_memory_bytes)} of the "
+                      f"{fmt_bytes(a.memory_per_device_bytes)}, the capacity planned here; "
+                      "macOS and the Python process (host RAM) use the rest.",
+         lambda j, a: "to let it use more: sudo sysctl iogpu.wired_limit_mb=<MiB> (leave room "
+                      "for macOS and Python)", kind="advice"),
     Rule("pure-half-no-master-weights", "info",
          lambda j, a: j.precision.pure_half,
          lambda j, a: f"{j.precision.label}: small updates can round away.",

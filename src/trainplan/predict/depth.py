@@ -41,7 +41,7 @@ from dataclasses import replace
 from ..trace.counters import ALLOC, CATEGORIES, FREE, RETAG, replay_log
 from ..trace.shapes import on_line
 from ..trace.tracer import ModuleRow, Trace
-from .allocator import replay
+from .allocator import CUDA, Rules, replay
 from .memory import Fragmentation, fragmentation, replayed
 
 LOW, HIGH = 3, 4       # blocks kept in the two cut traces
@@ -340,18 +340,19 @@ def repeats(hi: Trace, blocks: int) -> bool:
     return blocks > HIGH and _plan_of(hi) is not None
 
 
-def _fragmentation(hi: Trace) -> Fragmentation:
+def _fragmentation(hi: Trace, rules: Rules = CUDA) -> Fragmentation:
     """The caching allocator's waste over the whole model's step (its `stack.blocks` blocks),
     memoised on the cut trace `hi`: the replay (allocator.py) of the allocations the whole stack
     makes (`whole_events`), which equals the full trace's replay (tests/test_depth.py). Where
     the events do not repeat block by block, that of the 4-block replay: the cut model has the
     whole model's mix of block sizes, and against full traces its required memory stays within
     -2% and +4% (a replay's segment-level noise)."""
-    if "whole_fragmentation" not in hi.derived:
+    key = "whole_fragmentation" if rules is CUDA else f"whole_fragmentation:{rules.name}"
+    if key not in hi.derived:
         events = whole_events(hi, hi.stack.blocks)
-        hi.derived["whole_fragmentation"] = \
-            fragmentation(hi) if events is None else replayed(*replay(events))
-    return hi.derived["whole_fragmentation"]
+        hi.derived[key] = \
+            fragmentation(hi, rules) if events is None else replayed(*replay(events, rules))
+    return hi.derived[key]
 
 
 def prepare(tr: Trace) -> Trace:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from ..accelerators import Accelerator
 from ..trace.tracer import Trace
 from . import algorithms, compat
+from .allocator import rules_for
 from .calibration import BUNDLED_ONLY, Calibration
 from .findings import Finding
 from .memory import (NO_FIT, MemoryEstimate, estimate_memory, fit_band, fragmentation,
@@ -114,11 +115,13 @@ def memory_at(job, accel: Accelerator, traces: Traces, sem, batch: int
     so memory is non-decreasing in the micro-batch."""
     tr, interpolated = traces.at(job, sem, batch)
     lo, hi = anchors(job)
+    rules = rules_for(accel.backend)     # the backend's allocator (allocator.py)
     if batch <= lo:        # the line starts at lo: the larger anchor is not needed (nor traced)
-        frag = fragmentation(traces.exact(job, sem, lo))
+        frag = fragmentation(traces.exact(job, sem, lo), rules)
     else:
-        frag = fragmentation_between(fragmentation(traces.exact(job, sem, lo)),
-                                     fragmentation(traces.exact(job, sem, hi)), lo, hi, batch)
+        frag = fragmentation_between(fragmentation(traces.exact(job, sem, lo), rules),
+                                     fragmentation(traces.exact(job, sem, hi), rules), lo, hi,
+                                     batch)
     mem = estimate_memory(tr, accel, job.with_(batch_size=batch), frag=frag)
     if job.algorithm != "sft":   # a reference copy, PPO's models, vLLM's share stay resident
         mem = algorithms.with_resident(mem, job, tr, accel, devices(job, accel))

@@ -63,7 +63,7 @@ from ..strategy import DDP, DP
 from ..trace.optimizers import PAGED as PAGED_OPTIMIZERS
 from ..trace.tracer import Trace
 from . import sharding
-from .allocator import replay
+from .allocator import CUDA, Rules, replay, rules_for
 
 # torch.optim optimizers whose step runs multi-tensor (foreach) on CUDA; the others in
 # trace/optimizers.py (Lion, Adafactor, 8-bit AdamW) are traced as per-parameter loops already
@@ -155,11 +155,18 @@ def runtime(name: str | None = None) -> Runtime:
 def framework_overhead_bytes(accel: Accelerator, rt: Runtime | None = None,
                              devices: int = 1) -> int:
     """Device memory outside PyTorch's allocator: the CUDA context with its loaded kernels, and
-    NCCL's buffers when `devices` GPUs communicate (data/overheads.json)."""
+    NCCL's buffers when `devices` GPUs communicate (data/overheads.json). ROCm: the HIP context
+    (no sourced figure: the CUDA one, a lower bound) and RCCL's buffers; MPS: none sourced."""
     o = overheads()
     if accel.kind == "tpu":
         return int(o["xla_runtime_bytes"]["value"])
+    if accel.backend == "mps":
+        return int(o["mps_runtime_bytes"]["value"])
     rt = rt or runtime()
+    if accel.backend == "rocm":
+        rccl = o["rccl_buffers_bytes"]["value"]
+        comm = 0 if devices < 2 else rccl["2"] if devices == 2 else rccl["3+"]
+        return int(o["hip_context_bytes"]["value"]) + int(comm)
     key = "cuda_context_lazy_bytes" if rt.cuda_lazy_loading else "cuda_context_bytes"
     nccl = o["nccl_buffers_bytes"]["value"]
     comm = 0 if devices < 2 else nccl["2"] if devices == 2 else nccl["3+"]
@@ -253,14 +260,17 @@ class Fragmentation:
     reserved: int
 
 
-def fragmentation(trace: Trace) -> Fragmentation:
+def fragmentation(trace: Trace, rules: Rules = CUDA) -> Fragmentation:
     """The trace's own replay (allocator.py): peak pinned and peak reserved minus peak allocated
-    (a trace stitched from cut ones carries its own, made when first asked: predict/depth.py)."""
-    if "fragmentation" not in trace.derived and "fragmentation_from" in trace.derived:
-        trace.derived["fragmentation"] = trace.derived["fragmentation_from"]()
-    if "fragmentation" in trace.derived:
-        return trace.derived["fragmentation"]
-    return replayed(*_replay_once(trace))
+    (a trace stitched from cut ones carries its own, made when first asked: predict/depth.py).
+    `rules`: the backend's allocator (CUDA and ROCm share one; MPS's heaps differ)."""
+    key = "fragmentation" if rules is CUDA else f"fragmentation:{rules.name}"
+    if key not in trace.derived and "fragmentation_from" in trace.derived:
+        make = trace.derived["fragmentation_from"]
+        trace.derived[key] = make() if rules is CUDA else make(rules=rules)
+    if key in trace.derived:
+        return trace.derived[key]
+    return replayed(*_replay_once(trace, rules))
 
 
 def replayed(alloc: int, reserved: int, pinned: int) -> Fragmentation:
@@ -309,7 +319,7 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
     paged = best["optimizer_states"] if job.optimizer in PAGED_OPTIMIZERS else 0
     allocated -= paged
     # the single-device replay's fragmentation, scaled to what this strategy's device holds
-    frag = frag or fragmentation(trace)
+    frag = frag or fragmentation(trace, rules_for(accel.backend))
     share = allocated / trace.peak_allocated_bytes if trace.peak_allocated_bytes else 1.0
     reserved = allocated + int(frag.reserved * min(1.0, share))
     needed = allocated + int(frag.pinned * min(1.0, share))
@@ -341,13 +351,14 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
         floor_bytes=fixed + overhead)
 
 
-def _replay_once(trace: Trace) -> tuple[int, int, int]:
+def _replay_once(trace: Trace, rules: Rules = CUDA) -> tuple[int, int, int]:
     """(peak allocated, peak reserved, peak pinned) of the trace's allocations (allocator.py),
-    memoised on the trace: they depend on the trace only."""
+    memoised on the trace: they depend on the trace and the allocator's rules only."""
     memo = trace.derived
-    if "replay" not in memo:
-        memo["replay"] = replay(trace.alloc_events)
-    return memo["replay"]
+    key = "replay" if rules is CUDA else f"replay:{rules.name}"
+    if key not in memo:
+        memo[key] = replay(trace.alloc_events, rules)
+    return memo[key]
 
 
 def _output_bytes(trace: Trace) -> int:

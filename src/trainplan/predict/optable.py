@@ -22,7 +22,8 @@ import numpy as np
 PHASES = ("forward", "backward", "optimizer")
 FORWARD, BACKWARD, OPTIMIZER = range(len(PHASES))     # OpTable.phase codes
 FAMILIES = ("matmul", "attention", "other")
-DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}          # others (int, bool, "") -> 3
+DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2,          # others (int, bool, "") -> 3
+          "float8_e4m3fn": 4, "float8_e5m2": 4, "float8_e4m3fnuz": 4, "float8_e5m2fnuz": 4}
 
 
 @dataclass

@@ -2,8 +2,11 @@
 
 Devices: `job.gpus` units of the accelerator, each of `devices_per_unit` devices (a TPU v5e-8 is one
 unit of 8 chips). Kernel semantics (trace/semantics.py): the attention backend the target picks for
-the job's request, the autocast dtype (TPUs compute AMP in bf16 whatever dtype is asked, as XLA
-does), channels-last. Two targets with equal semantics share a trace.
+the job's request (by backend: CUDA by compute capability, ROCm by gfx target, MPS's math path),
+the autocast dtype (TPUs compute AMP in bf16 whatever dtype is asked, as XLA does), channels-last,
+torch.optim's implementation on the device (foreach on CUDA/ROCm, the per-parameter loop on MPS)
+and the FP8 recipe with whether the GPU keeps FP8 transposes. Two targets with equal semantics
+share a trace.
 """
 from __future__ import annotations
 
@@ -26,6 +29,17 @@ def compute_capability(accel: Accelerator) -> float | None:
         return None
 
 
+def fp8_transpose(accel: Accelerator) -> bool:
+    """Whether FP8 GEMMs need a transposed copy of their operands (Transformer Engine keeps one
+    where the GPU runs FP8 GEMMs only in TN layout): not on sm100-sm11x and sm130+
+    (`is_non_tn_fp8_gemm_supported`, transformer_engine/pytorch/utils.py, S116); on Hopper, Ada
+    and sm120-sm121 yes. Only the Transformer Engine recipes read it (CUDA-only: compat.py)."""
+    cc = compute_capability(accel)
+    if cc is None:
+        return True
+    return not (10.0 <= cc < 12.0 or cc >= 13.0)
+
+
 def semantics_for(job, accel: Accelerator) -> KernelSemantics:
     """What the accelerator's kernels do for this job (see trace/semantics.py)."""
     autocast = autocast_dtype(job.precision)
@@ -33,8 +47,13 @@ def semantics_for(job, accel: Accelerator) -> KernelSemantics:
         autocast = torch.bfloat16 if autocast is not None else None
         attention = "efficient" if job.attention in ("auto", "sdpa", "flash") else job.attention
     else:
-        attention = attention_backend_for(compute_capability(accel), job.attention)
+        attention = attention_backend_for(compute_capability(accel), job.attention,
+                                          accel.backend, accel.compute_capability)
         if attention == "flash" and not accel.flash_attention_2:
             attention = "efficient"
+    fp8 = job.precision.fp8 if accel.kind == "gpu" else None
     return KernelSemantics(attention=attention, autocast_dtype=autocast,
-                           channels_last=bool(job.channels_last))
+                           channels_last=bool(job.channels_last),
+                           optimizer_foreach=accel.backend != "mps",
+                           fp8=fp8, fp8_transpose=bool(fp8) and fp8.startswith("te-")
+                           and fp8_transpose(accel))

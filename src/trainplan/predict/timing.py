@@ -94,12 +94,13 @@ class StepTime:
 
 
 def _rates(accel, precision: Precision) -> tuple[np.ndarray, np.ndarray]:
-    """Peak FLOP/s and tensor-core flag per (dtype code, conv) -> arrays indexed [dtype, conv]."""
+    """Peak FLOP/s and tensor-core flag per (dtype code, conv) -> arrays indexed [dtype, conv]
+    (codes: DTYPES; 4 = FP8, the catalog's `fp8_flops`)."""
     tc = accel.tensor_cores
     tpu = accel.kind == "tpu"
     fp32 = accel.fp32_flops or 0.0
-    peak = np.zeros((4, 2))
-    tensor = np.zeros((4, 2), dtype=bool)
+    peak = np.zeros((5, 2))
+    tensor = np.zeros((5, 2), dtype=bool)
     for conv in (0, 1):
         use_tf32 = precision.compute == "tf32" or (conv and precision.compute == "fp32")
         if tpu:
@@ -119,6 +120,9 @@ def _rates(accel, precision: Precision) -> tuple[np.ndarray, np.ndarray]:
         else:
             peak[2, conv] = fp32
         peak[3, conv] = fp32
+        # FP8 GEMMs (aten._scaled_mm, trace/fp8.py): the catalog's dense FP8 peak
+        fp8 = accel.fp8_flops or 0.0
+        peak[4, conv], tensor[4, conv] = (fp8, True) if fp8 else (fp32, False)
     return peak * accel.sustained_clock_fraction, tensor
 
 

@@ -25,6 +25,23 @@ def model_params(row: dict) -> str:
     return "not published"
 
 
+def accelerators_markdown(rows) -> str:
+    """The accelerator catalog as a Markdown table (the README's, `catalog accelerators --format
+    md`): capacity per device as planned (the driver's total; Apple: Metal's default working set),
+    dense peaks, backend, as-of date and source IDs (data/SOURCES.md)."""
+    head = ("| id | name | backend | devices | memory/device | bandwidth | fp16/bf16 TFLOP/s "
+            "| fp8 TFLOP/s | as of | sources |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for a in rows:
+        half = max(a.peak_flops("fp16"), a.peak_flops("bf16"))
+        fp8 = f"{a.fp8_flops / 1e12:,.1f}" if a.fp8_flops else "-"
+        lines.append(f"| {a.id} | {a.name} | {a.backend} | {a.devices_per_unit} | "
+                     f"{fmt_bytes(a.usable_memory_bytes)} | "
+                     f"{a.memory_bandwidth_bytes_per_s / 1e9:,.0f} GB/s | {half / 1e12:,.1f} | "
+                     f"{fp8} | {a.as_of} | {' '.join(a.sources)} |")
+    return "\n".join(lines)
+
+
 def print_catalog(what: str, fmt: str, platforms_file: str | None = None) -> None:
     c = console()
     if what == "accelerators":
@@ -33,10 +50,14 @@ def print_catalog(what: str, fmt: str, platforms_file: str | None = None) -> Non
         if fmt == "json":
             print(json.dumps([asdict(a) for a in rows], indent=2, default=str))
             return
+        if fmt == "md":
+            print(accelerators_markdown(rows))
+            return
         cols = [Col("id", key=True), Col("name", priority=1), Col("devices", "right", priority=3),
                 Col("memory/device", "right", priority=9), Col("bandwidth", "right", priority=5),
                 Col("fp16/bf16 TFLOP/s", "right", priority=6), Col("bf16", priority=7),
-                Col("FA2", priority=4), Col("as of", priority=2)]
+                Col("FA2", priority=4), Col("backend", priority=5), Col("as of", priority=2),
+                Col("sources", priority=3)]
         body = []
         for a in rows:
             half = max(a.peak_flops("fp16"), a.peak_flops("bf16"))
@@ -44,9 +65,14 @@ def print_catalog(what: str, fmt: str, platforms_file: str | None = None) -> Non
                          fmt_bytes(a.usable_memory_bytes),
                          f"{a.memory_bandwidth_bytes_per_s / 1e9:,.0f} GB/s",
                          f"{half / 1e12:,.1f}", "yes" if a.supports_bf16 else "no",
-                         "yes" if a.flash_attention_2 else "no", escape(str(a.as_of))])
+                         "yes" if a.flash_attention_2 else "no", escape(a.backend),
+                         escape(str(a.as_of)), escape(" ".join(a.sources))])
         c.print(fit_table(cols, body, c.width,
-                          "accelerators (memory per device, GiB = 2^30 bytes)"))
+                          "accelerators (memory per device as the driver reports it, GiB = "
+                          "2^30 bytes)"))
+        c.print("[dim]sources: IDs in data/SOURCES.md (each row's with a wider terminal or "
+                "--format json); Apple rows: memory is what the GPU may use of unified memory "
+                "by default[/dim]")
     elif what == "platforms":
         from ..platforms import load_platforms
         plats = list(load_platforms(platforms_file).values())

@@ -8,8 +8,8 @@ job says otherwise (Job.reentrant_checkpointing):
 * full: only the block's inputs are kept; everything inside is recomputed in backward
   (Korthikanti et al. 2022: 2sbh per layer remains for a transformer, the layer input);
 * selective: PyTorch's selective activation checkpointing keeps the outputs of matmuls and
-  attention kernels and recomputes the cheap pointwise ops, norms and dropout (the policy
-  torchtitan calls "op" SAC).
+  attention kernels (FP8 GEMMs, `_scaled_mm`, too, as torchtitan's save list has them) and
+  recomputes the cheap pointwise ops, norms and dropout (the policy torchtitan calls "op" SAC).
 
 Reentrant checkpointing runs the block's forward without autograd, so nothing an autograd
 Function stores on its ctx outlives the forward (bitsandbytes' MatMul4Bit keeps its input there).
@@ -28,7 +28,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 aten = torch.ops.aten
 _SAVE = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
-         aten.convolution.default,
+         aten.convolution.default, aten._scaled_mm.default,      # _scaled_mm: FP8 GEMMs
          aten._scaled_dot_product_flash_attention.default,
          aten._scaled_dot_product_efficient_attention.default}
 

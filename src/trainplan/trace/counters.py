@@ -95,7 +95,7 @@ def replay_log(log: list[tuple], sizes: dict[int, int] | None = None, timeline: 
 
 MATMUL_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution,
               aten.convolution_backward, aten._convolution, aten.addbmm, aten.mv, aten.dot,
-              aten._grouped_mm}
+              aten._grouped_mm, aten._scaled_mm}     # _scaled_mm: FP8 GEMMs (trace/fp8.py)
 ATTENTION_OPS = {
     aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward,
     aten._scaled_dot_product_efficient_attention,

@@ -125,16 +125,19 @@ class Adafactor(torch.optim.Optimizer):
                 p.add_(update.to(p.dtype), alpha=-group["lr"])
 
 
-def build_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+def build_optimizer(name: str, params: list[torch.nn.Parameter],
+                    foreach: bool = True) -> torch.optim.Optimizer:
+    """`foreach`: torch's multi-tensor kernels, its default on CUDA and ROCm; False: the
+    per-parameter loop it runs on devices without foreach kernels (MPS)."""
     lr = 1e-4
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, foreach=True)
+        return torch.optim.AdamW(params, lr=lr, foreach=foreach)
     if name == "adam":
-        return torch.optim.Adam(params, lr=lr, foreach=True)
+        return torch.optim.Adam(params, lr=lr, foreach=foreach)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, foreach=True)
+        return torch.optim.SGD(params, lr=lr, foreach=foreach)
     if name == "sgd-momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True, foreach=True)
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True, foreach=foreach)
     if name == "adafactor":
         return Adafactor(params, lr=lr)
     if name == "lion":

@@ -36,28 +36,58 @@ class KernelSemantics:
     attention: "flash" | "efficient" | "math" (SDPA's backend) or "eager" (the model composes
         attention from matmul/softmax/dropout itself; for SDPA callers this equals "math").
     autocast_dtype: torch.float16 / torch.bfloat16 for AMP, None otherwise.
+    optimizer_foreach: torch.optim's default implementation on the device: the multi-tensor
+        (foreach) kernels on CUDA/ROCm, the per-parameter loop where PyTorch has no foreach
+        kernels (MPS: torch/utils/_foreach_utils.py lists cuda, xpu, mtia and privateuse1 only).
+    fp8: the FP8 training recipe the linears run (trace/fp8.py), None without.
+    fp8_transpose: the GPU keeps FP8 transposes beside the data (Transformer Engine on GPUs
+        without non-TN FP8 GEMMs: Hopper, Ada, sm120).
     """
 
     attention: str = "efficient"
     autocast_dtype: torch.dtype | None = None
     fused_dropout: bool = True
     channels_last: bool = False
+    optimizer_foreach: bool = True
+    fp8: str | None = None
+    fp8_transpose: bool = False
 
     def key(self) -> tuple:
-        return (self.attention, str(self.autocast_dtype), self.fused_dropout, self.channels_last)
+        base = (self.attention, str(self.autocast_dtype), self.fused_dropout, self.channels_last)
+        extra = (("loop",) if not self.optimizer_foreach else ()) + \
+            ((f"fp8:{self.fp8}:{int(self.fp8_transpose)}",) if self.fp8 else ())
+        return base + extra
 
 
-def attention_backend_for(compute_capability: float | None, requested: str = "auto") -> str:
-    """The SDPA backend PyTorch picks on a GPU of this compute capability.
+# AMD archs whose AOTriton SDPA kernels PyTorch treats as experimental: flash and memory-efficient
+# attention stay off unless TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1 (aten/src/ATen/native/
+# transformers/cuda/sdp_utils.cpp, `check_flash_attention_hardware_support`: gfx1100 by name,
+# later `aotriton::isArchExperimentallySupported`; data/SOURCES.md S111). RDNA 3/4 consumer parts.
+ROCM_EXPERIMENTAL_SDPA = frozenset({"gfx1100", "gfx1101", "gfx1102", "gfx1150", "gfx1151",
+                                    "gfx1200", "gfx1201"})
+
+
+def attention_backend_for(compute_capability: float | None, requested: str = "auto",
+                          backend: str = "cuda", arch: str = "") -> str:
+    """The SDPA backend PyTorch picks on a GPU of this compute capability and backend.
 
     FlashAttention-2 needs sm80+ (Dao-AILab/flash-attention README); PyTorch's memory-efficient
-    kernel (xformers/cutlass) runs from sm50 and is what a T4 (sm75) or V100 (sm70) gets. TPUs
-    (None) run XLA's fused attention, closest in memory to "efficient".
+    kernel (xformers/cutlass) runs from sm50 and is what a T4 (sm75) or V100 (sm70) gets; flash
+    covers sm80-sm121, Blackwell included (sdp_utils.cpp, S111). TPUs (None) run XLA's fused
+    attention, closest in memory to "efficient". ROCm: AOTriton's flash kernel on CDNA (gfx90a,
+    gfx942, gfx950), the math path on archs it gates as experimental (`ROCM_EXPERIMENTAL_SDPA`).
+    MPS: the math path when training -- `scaled_dot_product_attention` takes the MPS kernel only
+    when no input requires grad (aten/src/ATen/native/transformers/attention.cpp, S111), and the
+    flash-attn package has no Metal build.
     """
     if requested == "sdpa":
         requested = "auto"
+    if backend == "mps":
+        return "math" if requested in ("auto", "flash", "efficient") else requested
     if requested != "auto":
         return requested
+    if backend == "rocm":
+        return "math" if arch in ROCM_EXPERIMENTAL_SDPA else "flash"
     if compute_capability is None:
         return "efficient"
     if compute_capability >= 8.0:

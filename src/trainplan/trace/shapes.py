@@ -163,6 +163,7 @@ _GEMM = {
     aten._convolution: _conv,
     aten.convolution_backward: _conv_backward,
     aten._grouped_mm: _grouped,
+    aten._scaled_mm: lambda a: _mm(a[0], a[1]),          # FP8 GEMMs (trace/fp8.py)
 }
 ATTENTION = frozenset({
     aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward,

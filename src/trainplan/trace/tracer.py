@@ -28,7 +28,7 @@ from ..errors import TrainplanError
 from ..models import ModelBundle, build_model
 from ..models.custom import user_files
 from ..models.lora import apply_lora
-from . import moe, store
+from . import fp8, moe, store
 from . import blocks as block_tags
 from .checkpointing import apply_checkpointing
 from .counters import CATEGORIES, OpRecord, StepCounter, event_blocks
@@ -273,6 +273,9 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
     model.train()
     counter = StepCounter()
     sem = TargetSemantics(semantics, on_weight_cast=lambda t: counter.track(t, "weight_casts"))
+    if semantics.fp8:      # FP8 linears (trace/fp8.py); their FP8 weight copies are weight casts
+        fp8.convert(model, semantics.fp8, semantics.fp8_transpose,
+                    on_weight_cast=lambda t: counter.track(t, "weight_casts"))
     amp = semantics.autocast_dtype is not None
 
     @contextlib.contextmanager
@@ -313,7 +316,7 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
                                      fix="unfreeze something, or add LoRA adapters")
             for p in params:
                 p.register_post_accumulate_grad_hook(lambda p: _gradient_made(counter, p))
-            opt = _warm_optimizer(job, params, counter)
+            opt = _warm_optimizer(job, params, counter, semantics.optimizer_foreach)
             activation_bytes, weight_cast_bytes, act_by_module = _forward_backward(
                 job, bundle, batch, semantics, model, counter, tracker, sem)
             counter.phase = "optimizer"
@@ -360,11 +363,12 @@ def _last_block(block: torch.nn.Module, counter: StepCounter) -> dict[str, float
             "weight_cast_bytes": live.get("weight_casts", 0)}
 
 
-def _warm_optimizer(job, params, counter: StepCounter):
+def _warm_optimizer(job, params, counter: StepCounter, foreach: bool = True):
     """The optimizer with its state. Its state is created lazily by the first step: stepping
     once on zero gradients creates it (same tensors, same peak as a real first step's update), so
-    the traced forward/backward that follows sees the steady-state memory of step 2+."""
-    opt = build_optimizer(job.optimizer, params)
+    the traced forward/backward that follows sees the steady-state memory of step 2+. `foreach`:
+    the device's default implementation (trace/semantics.py `optimizer_foreach`)."""
+    opt = build_optimizer(job.optimizer, params, foreach=foreach)
     counter.phase, counter.count_ops = "optimizer", False
     for p in params:
         p.grad = torch.zeros_like(p)
