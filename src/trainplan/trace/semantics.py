@@ -36,15 +36,19 @@ class KernelSemantics:
     attention: "flash" | "efficient" | "math" (SDPA's backend) or "eager" (the model composes
         attention from matmul/softmax/dropout itself; for SDPA callers this equals "math").
     autocast_dtype: torch.float16 / torch.bfloat16 for AMP, None otherwise.
+    bnb4_keeps_input: bitsandbytes before 0.43.2, whose 4-bit matmul kept every input for
+        backward (quantization.py); False is today's release.
     """
 
     attention: str = "efficient"
     autocast_dtype: torch.dtype | None = None
     fused_dropout: bool = True
     channels_last: bool = False
+    bnb4_keeps_input: bool = False
 
     def key(self) -> tuple:
-        return (self.attention, str(self.autocast_dtype), self.fused_dropout, self.channels_last)
+        return (self.attention, str(self.autocast_dtype), self.fused_dropout, self.channels_last,
+                self.bnb4_keeps_input)
 
 
 def attention_backend_for(compute_capability: float | None, requested: str = "auto") -> str:
