@@ -38,6 +38,12 @@ class KernelSemantics:
     autocast_dtype: torch.float16 / torch.bfloat16 for AMP, None otherwise.
     bnb4_keeps_input: bitsandbytes before 0.43.2, whose 4-bit matmul kept every input for
         backward (quantization.py); False is today's release.
+    efficient_gqa: PyTorch's memory-efficient kernel takes grouped-query attention
+        (`enable_gqa=True` with fewer K/V heads): from pytorch/pytorch#191085 (July 2026, torch
+        2.13). Before it only flash did, so a GQA call flash cannot take (fp32, a mask, a head
+        dim over 256) fell to the math path, which materialises the scores (pytorch/pytorch#
+        139586; sdp_utils.cpp check_batch_size_and_num_heads_dense). False: the releases in
+        common use (torch <= 2.12), what the measured H100/H200 runs (torch 2.11) ran.
     """
 
     attention: str = "efficient"
@@ -45,10 +51,11 @@ class KernelSemantics:
     fused_dropout: bool = True
     channels_last: bool = False
     bnb4_keeps_input: bool = False
+    efficient_gqa: bool = False
 
     def key(self) -> tuple:
         return (self.attention, str(self.autocast_dtype), self.fused_dropout, self.channels_last,
-                self.bnb4_keeps_input)
+                self.bnb4_keeps_input, self.efficient_gqa)
 
 
 def attention_backend_for(compute_capability: float | None, requested: str = "auto") -> str:
@@ -193,7 +200,8 @@ class TargetSemantics(TorchFunctionMode):
 
     def _sdpa(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
               enable_gqa=False):
-        if k.shape[-3] != q.shape[-3] and q.dim() == 4:  # grouped-query: expand K/V heads
+        gqa = k.shape[-3] != q.shape[-3] and q.dim() == 4
+        if gqa:                                          # grouped-query: expand K/V heads
             rep = q.shape[-3] // k.shape[-3]
             k = k.repeat_interleave(rep, dim=-3)
             v = v.repeat_interleave(rep, dim=-3)
@@ -203,6 +211,10 @@ class TargetSemantics(TorchFunctionMode):
             # the only place "flash" and "efficient" semantics part: a step where no call is
             # flash_ok runs the same ops either way (predict/traces.py shares such traces)
             self.flash_eligible += 1
+        takes_flash = backend == "flash" and flash_ok
+        if gqa and enable_gqa and not takes_flash and not self.sem.efficient_gqa and \
+                backend in ("flash", "efficient"):
+            backend = "math"     # only flash took enable_gqa before torch 2.13 (KernelSemantics)
         if backend == "flash" and not flash_ok:
             # PyTorch's dispatcher: flash takes no arbitrary mask and only fp16/bf16 inputs
             backend = "efficient"
