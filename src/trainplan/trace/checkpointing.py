@@ -126,7 +126,10 @@ def apply_checkpointing(model: nn.Module, mode: str, recompute_context=None,
                     return __orig(*args, **kwargs)
             return __orig(*args, **kwargs)
 
-        ctx = functools.partial(create_selective_checkpoint_contexts, _sac_policy({})) \
+        # a fresh count for every forward (and its rerun): torchtitan keeps one per block across
+        # steps, so with an odd number of mms a block saves (n+1)/2 and (n-1)/2 in turn; the
+        # trace takes the larger, the step's peak, and every block alike
+        ctx = (lambda: create_selective_checkpoint_contexts(_sac_policy({}))) \
             if mode == "selective" else None
 
         def wrapped(*args, __run=run, __ctx=ctx, **kwargs):
