@@ -122,6 +122,12 @@ class TargetSemantics(TorchFunctionMode):
         self._on_weight_cast = on_weight_cast
         self._inside = 0
         self.flash_eligible = 0     # SDPA calls the flash kernel would take (see `_sdpa`)
+        # SDPA calls given a float mask or bias, and those whose bias needs a gradient (T5's
+        # relative position bias on transformers' SDPA path): flash refuses any mask, cuDNN one
+        # that requires grad (sdp_utils_cpp.h check_attn_mask_shape); the memory-efficient kernel
+        # takes it and, in backward, writes the bias gradient in the expanded (b, heads, s, s)
+        self.float_mask_calls = 0
+        self.bias_grad_calls = 0
 
     def clear_cast_cache(self) -> None:
         """Autocast drops its weight-cast cache when the autocast region exits (end of forward)."""
@@ -200,6 +206,9 @@ class TargetSemantics(TorchFunctionMode):
 
     def _sdpa(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
               enable_gqa=False):
+        if attn_mask is not None and attn_mask.is_floating_point():
+            self.float_mask_calls += 1
+            self.bias_grad_calls += bool(attn_mask.requires_grad)
         gqa = k.shape[-3] != q.shape[-3] and q.dim() == 4
         if gqa:                                          # grouped-query: expand K/V heads
             rep = q.shape[-3] // k.shape[-3]

@@ -366,6 +366,11 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
     finally:
         gc.enable()
 
+    if sem.bias_grad_calls:
+        bundle.notes.append(f"{sem.bias_grad_calls} attention calls a step take a float bias "
+                            "that needs a gradient: PyTorch refuses flash and cuDNN for them and "
+                            "runs the memory-efficient kernel, which writes the bias gradient "
+                            "(b x heads x s x s) in backward")
     return _summarise(job, bundle, semantics, batch, counter, model, grad_bytes, state_bytes,
                       activation_bytes, weight_cast_bytes, act_by_module, blocks, lora_names,
                       time.perf_counter() - t0, stack, sem.flash_eligible, last_block)
