@@ -69,6 +69,7 @@ def test_regimes_and_classes():
     assert bands.device_class("rtx-3090") == "consumer"
     assert bands.device_class("titan-rtx") == "consumer"
     assert bands.device_class("t4") == bands.device_class("h100-sxm") == "datacenter"
+    assert bands.device_class(get_accelerator("tpu-v5e-8")) == "tpu"
 
 
 def test_a_class_or_regime_without_rows_takes_the_wider_band():
@@ -111,7 +112,10 @@ def test_fits_only_by_releasing_the_cache_is_flagged(traces, held):
 def test_room_for_the_band_fits(traces, held):
     ev = evaluate(JOB, _on(held.banded_bytes), traces=traces)
     assert ev.fits and not ev.tight and ev.memory.fit_state == "fits"
-    assert ev.memory.fit_probability >= 0.95
+    b = ev.memory.band       # at the band's edge: the runs whose shortfall is at most the p95
+    assert ev.memory.fit_probability == pytest.approx(
+        sum(e <= b.p95 + 1e-9 for e in b.errors) / len(b.errors), abs=1 / len(b.errors))
+    assert ev.memory.fit_probability >= 0.9
     assert not any(f.kind == "memory" for f in ev.findings)
 
 

@@ -10,7 +10,8 @@ typed by hand. Each row gives the shortfall of the prediction on one real run,
 and the rows are grouped by regime (what changes how memory is laid out) and device class:
 
     regime    offload   (DeepSpeed CPU offload)        device    consumer    (GeForce, TITAN)
-              sharded   (FSDP, ZeRO)                   class     datacenter  (the rest)
+              sharded   (FSDP, ZeRO)                   class     datacenter  (other GPUs)
+                                                                 tpu
               moe       (mixture-of-experts layers)
               qlora     (quantised base weights)
               lora      (adapters on a frozen base)
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 REGIMES = ("plain", "lora", "qlora", "sharded", "offload", "moe")
-DEVICE_CLASSES = ("datacenter", "consumer")
+DEVICE_CLASSES = ("datacenter", "consumer", "tpu")
 CONSUMER_PREFIXES = ("rtx-", "titan-")      # GeForce and TITAN ids in data/accelerators.csv
 
 
@@ -82,7 +83,11 @@ def regime(job, moe: bool = False) -> str:
     return "plain"
 
 
-def device_class(accel_id: str) -> str:
+def device_class(accel) -> str:
+    """consumer (GeForce and TITAN ids), tpu, or datacenter (other GPUs)."""
+    if getattr(accel, "kind", "gpu") == "tpu":
+        return "tpu"
+    accel_id = getattr(accel, "id", accel)
     return "consumer" if accel_id.startswith(CONSUMER_PREFIXES) else "datacenter"
 
 
@@ -105,7 +110,7 @@ def reload() -> None:
 
 
 def band_for(job, accel, moe: bool = False) -> Band:
-    return band_for_ids(regime(job, moe), device_class(accel.id))
+    return band_for_ids(regime(job, moe), device_class(accel))
 
 
 @functools.cache
