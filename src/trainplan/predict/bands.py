@@ -68,6 +68,9 @@ class Band:
         return f"+{self.p95:.1%} ({self.basis}, {self.rows} validated runs)"
 
 
+CLASS_WORDS = {"datacenter": "datacenter GPUs", "consumer": "consumer GPUs", "tpu": "TPUs"}
+
+
 def regime(job, moe: bool = False) -> str:
     """The job's regime (module docstring), most specific first."""
     if job.offload != "none":
@@ -122,15 +125,16 @@ def band_for_ids(reg: str, cls: str) -> Band:
     cell = cells.get(reg, {}).get(cls, {"errors": []})
     whole = t["regimes"].get(reg, {"errors": []})
     class_rows = sum(len(cells.get(r, {}).get(cls, {"errors": []})["errors"]) for r in cells)
+    where = CLASS_WORDS.get(cls, cls)
     if len(cell["errors"]) >= need:
-        chosen, basis = cell, f"{reg} runs on {cls} GPUs"
+        chosen, basis = cell, f"{reg} runs on {where}"
     elif len(whole["errors"]) >= need and class_rows:
         chosen, basis = whole, f"{reg} runs, every device class"
     else:
         pooled = t["pooled"]
         chosen, basis = (whole, f"{reg} runs") if whole["errors"] and \
             whole["p95"] >= pooled["p95"] else (pooled, "every validated run: too few "
-                                                f"{reg} runs on {cls} GPUs")
+                                                f"{reg} runs on {where}")
     return Band(reg, cls, max(0.0, float(chosen["p95"])), len(chosen["errors"]),
                 tuple(float(e) for e in chosen["errors"]), basis, t["as_of"])
 
