@@ -74,9 +74,10 @@ class Case:
     metric: str = ""          # what the source measured
     note: str = ""
     group: str = ""
+    kernels: dict = field(default_factory=dict)   # KernelSemantics fields the run's stack sets
 
     def key(self) -> str:
-        return json.dumps([self.job, self.accel, self.runtime], sort_keys=True)
+        return json.dumps([self.job, self.accel, self.runtime, self.kernels], sort_keys=True)
 
 
 @dataclass
@@ -200,15 +201,18 @@ def llm_cases() -> tuple[list[Case], list[NotCovered]]:
                    lora=dict(rank=8, alpha=16.0, targets="q,v", dropout=0.05))
         note = ("Lightning's BitsandbytesPrecision converts every nn.Linear, the output head too; "
                 "trainplan keeps the head unquantised as transformers does") if q != "none" else ""
+        # bitsandbytes 0.41.1 (the row's own note): its 4-bit matmul keeps each input
+        kernels = {"bnb4_keeps_input": True} if "bitsandbytes 0.41" in r["notes"] else {}
         label = f"{r['model']} LoRA {r['precision']} bs {r['batch_size']} s {r['seq_len']}"
         if r["metric"] == "oom":
             cases.append(Case("litgpt", label + " (OOM)", job, "a100-sxm4-40gb", "torch2",
-                              "fits", 0.0, "OOM on 40 GB", note, group="litgpt fit"))
+                              "fits", 0.0, "OOM on 40 GB", note, group="litgpt fit",
+                              kernels=kernels))
         else:
             cases.append(Case("litgpt", label, job, "a100-sxm4-40gb", "torch2",
                               "peak_allocated_bytes", float(r["value"]) * GB,
                               "max_memory_allocated (GB = 1e9 B)", note,
-                              group="litgpt LoRA/QLoRA A100-40GB"))
+                              group="litgpt LoRA/QLoRA A100-40GB", kernels=kernels))
     skipped.append(NotCovered("litgpt", "phi-1.5, StableLM Alpha 3B, Falcon 40B rows", no_cfg,
                               "model config not bundled (hf:./config.json would need the hub "
                               "config, which is not in the repo)"))
@@ -256,13 +260,16 @@ def llm_cases() -> tuple[list[Case], list[NotCovered]]:
 # fms-acceleration's benchmark matrix (validation/data/published_memory_candidates.csv, rows
 # marked complete; PROVENANCE.md): HF Trainer + TRL SFT, alpaca packed to 4096 tokens,
 # flash-attn 2, gradient checkpointing (transformers 4.48: use_reentrant=True), adamw_torch,
-# A100-80GB, rank 0's peak allocated. The plugin rows (fused kernels) are not modelled.
+# A100-80GB, rank 0's peak allocated, bitsandbytes 0.43.3 (its 4-bit matmul keeps no input).
+# The plugin rows (fused kernels) are not modelled.
 # Full and LoRA rows load the model in bf16 and train without autocast (pure bf16). The QLoRA rows
-# run with `bf16=True` (autocast) and TRL's SFTTrainer prepares a 4-bit model with peft's
-# prepare_model_for_kbit_training (fp32 norms and embeddings; TRL 0.13 `_prepare_peft_model`), so
-# the non-quantised parameters are fp32 under bf16 autocast: trainplan's bf16-amp. (A first run
-# encoded them as pure bf16 and under-predicted by 27%: the fp32 norms make bitsandbytes return
-# fp32 and the residual stream, and so every checkpointed block input, fp32.)
+# run with `bf16=True` (autocast). On one GPU TRL 0.13's SFTTrainer prepares the 4-bit model with
+# peft's prepare_model_for_kbit_training (every unquantised parameter to fp32) and then, as
+# bf16=True, `peft_module_casting_to_bf16` (embeddings and head back to bf16, norms fp32;
+# trl@v0.13.0 sft_trainer.py:191-233, trainer/utils.py:872): frozen_half "embeddings". The fp32
+# norms make bitsandbytes return fp32, and so the residual stream and every checkpointed block
+# input are fp32. Sharded (FSDP) QLoRA skips both and keeps the adapters in bf16
+# (`is_sharded_qlora`, sft_trainer.py:182-224): frozen_half "all".
 FMS_ROWS = {
     "fms-full-mistral7b-1g-bs4": dict(precision="bf16"),
     "fms-full-mistral7b-2g-bs2": dict(precision="bf16", strategy="fsdp", gpus=2),
@@ -270,9 +277,10 @@ FMS_ROWS = {
     "fms-lora-mistral7b-1g-bs8": dict(precision="bf16", lora=True),
     "fms-lora-mistral7b-2g-bs2": dict(precision="bf16", lora=True, strategy="fsdp", gpus=2),
     "fms-qlora-baseline-mistral7b-1g-bs4": dict(precision="bf16-amp", lora=True,
-                                                quantize="nf4-dq"),
+                                                quantize="nf4-dq", frozen_half="embeddings"),
     "fms-qlora-baseline-mistral7b-2g-bs2": dict(precision="bf16-amp", lora=True,
-                                                quantize="nf4-dq", strategy="fsdp", gpus=2),
+                                                quantize="nf4-dq", strategy="fsdp", gpus=2,
+                                                frozen_half="all"),
 }
 
 
@@ -292,13 +300,33 @@ def fms_cases() -> tuple[list[Case], list[NotCovered]]:
         cases.append(Case("fms", f"Mistral 7B {tech} bf16 {where} bs {r['micro_batch']} s 4096",
                           job, "a100-sxm4-80gb", "torch2", "peak_allocated_bytes",
                           float(r["value"]), "HF Trainer memory metrics (max_memory_allocated), "
-                          "rank 0", "QLoRA: bf16 autocast, non-quantised parameters in fp32 "
-                          "(prepare_model_for_kbit_training)" if "quantize" in kw else "",
+                          "rank 0", "QLoRA: bf16 autocast; unquantised parameters as TRL 0.13 "
+                          "leaves them (FMS_ROWS)" if "quantize" in kw else "",
                           group="fms A100-80GB"))
     skipped = [NotCovered("fms", "accelerated-peft plugin rows, santacoder, Llama-2-70B", 4,
                           "fused kernels of the plugin are not traced; santacoder and Llama-2-70B "
                           "configs are not bundled")]
     return cases, skipped
+
+
+H100_RECORDS = ROOT / "validation" / "measured" / "h100-sxm" / "records.jsonl"
+
+
+def h100_cases() -> tuple[list[Case], list[NotCovered]]:
+    """Our own `trainplan measure` runs on one H100 80GB HBM3 (torch 2.11, 2026-11; README "Measured
+    on an H100"): each record's job as `measure` ran it, its peak allocated as measured."""
+    cases = []
+    for line in H100_RECORDS.read_text().splitlines():
+        rec = json.loads(line)
+        job = {k: v for k, v in rec["job"].items() if v is not None}
+        if isinstance(job.get("lora"), dict):
+            job["lora"] = {k: v for k, v in job["lora"].items() if v is not None}
+        what = rec["command"].split("--model ", 1)[-1].split(" --out", 1)[0]
+        cases.append(Case("h100", what, job, rec["accelerator"], "torch2",
+                          "peak_allocated_bytes", float(rec["measured"]["peak_allocated_bytes"]),
+                          "torch.cuda.max_memory_allocated (trainplan measure)",
+                          group="trainplan measure H100 (ours)"))
+    return cases, []
 
 
 def next_larger(batch: int) -> int | None:
@@ -343,6 +371,7 @@ DRIVER_CAPACITY_BYTES = {"v100-sxm2-16gb": 16160 * 2**20, "rtx-3090": 24268 * 2*
                          "a100-sxm4-40gb": 40536 * 2**20}
 # what a trace depends on (not the memory model): a change elsewhere re-estimates without tracing
 TRACE_INPUTS = ("trace", "models", "spec.py", "quantization.py", "estimate.py", "accelerators.py",
+                "predict/target.py",
                 "data/accelerators.csv")
 
 
@@ -373,7 +402,8 @@ def trace_case(case: Case):
     from trainplan.predict.target import semantics_for
     from trainplan.trace.tracer import trace_step
     job = make_job(case.job)
-    tr = trace_step(job, semantics_for(job, get_accelerator(case.accel)))
+    sem = dataclasses.replace(semantics_for(job, get_accelerator(case.accel)), **case.kernels)
+    tr = trace_step(job, sem)
     from trainplan.predict.memory import SOFTMAX_OPS   # the only ops the memory model reads
     return dataclasses.replace(tr, ops=[r for r in tr.ops if r.name in SOFTMAX_OPS], timeline=[])
 
@@ -390,7 +420,9 @@ def estimate(case: Case, tr, capacity_bytes: int | None = None) -> dict:
     return {"peak_allocated_bytes": m.peak_allocated_bytes,
             "peak_reserved_bytes": m.peak_reserved_bytes,
             "device_used_bytes": m.device_used_bytes, "fits": float(m.fits),
-            "fit_state": m.fit_state,
+            "fit_state": m.fit_state, "regime": m.band.regime,
+            "device_class": m.band.device_class, "band": m.band.p95,
+            "band_basis": m.band.basis, "fit_probability": m.fit_probability,
             "capacity_bytes": m.capacity_bytes, "peak_phase": m.peak_phase,
             "breakdown_bytes": m.breakdown_bytes, "attention": tr.semantics.attention}
 
@@ -418,10 +450,14 @@ def _trace_to_cache(case: Case, path: str) -> str | None:
     return None
 
 
+_FP: list[str] = []      # the fingerprint run_all traced under (reestimate reads the same)
+
+
 def run_all(cases: list[Case], refresh: bool) -> tuple[list[Result], int]:
     """Trace what is not cached (2 processes), then estimate every case here; also returns how
     many configurations were traced."""
     fp = fingerprint()
+    _FP[:] = [fp]
     CACHE.mkdir(parents=True, exist_ok=True)
     errors_file = CACHE / f"errors-{fp}.json"
     errors = {} if refresh or not errors_file.exists() else json.loads(errors_file.read_text())
@@ -464,6 +500,41 @@ def run_all(cases: list[Case], refresh: bool) -> tuple[list[Result], int]:
     return out, len(todo)
 
 
+ROWS = ROOT / "validation" / "results" / "memory_rows.json"
+
+
+def write_rows(results: list[Result]) -> dict:
+    """validation/results/memory_rows.json: every numeric row with its regime and device class,
+    what scripts/fit_bands.py turns into the verdict bands."""
+    import os
+    import platform
+    import torch
+    rows = [{"source": r.case.source, "label": r.case.label, "group": r.case.group,
+             "figure": r.case.figure, "accelerator": r.case.accel,
+             "regime": r.detail["regime"], "device_class": r.detail["device_class"],
+             "measured": r.case.measured, "predicted": r.predicted}
+            for r in results if r.rel_err is not None]
+    doc = {"as_of": time.strftime("%Y-%m-%d"), "script": "scripts/validate_memory.py",
+           "machine": f"{os.cpu_count()}-core {platform.machine()} host, Python "
+                      f"{platform.python_version()}, torch {torch.__version__}",
+           "rows": rows}
+    ROWS.parent.mkdir(parents=True, exist_ok=True)
+    ROWS.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+def reestimate(r: Result) -> Result:
+    """The row estimated again from its cached trace (after the bands changed)."""
+    if r.error:
+        return r
+    with open(_trace_path(r.case, _FP[0] if _FP else fingerprint()), "rb") as f:
+        tr = pickle.load(f)
+    d = estimate(r.case, tr)
+    if r.case.figure == "fits" and r.case.accel in DRIVER_CAPACITY_BYTES:
+        d["driver"] = estimate(r.case, tr, DRIVER_CAPACITY_BYTES[r.case.accel])
+    return Result(r.case, float(d[r.case.figure]), None, d)
+
+
 # -- scoring and report --------------------------------------------------------------------------
 def abs_stats(errs: list[float]) -> tuple[int, float, float]:
     if not errs:
@@ -494,7 +565,8 @@ def fmt_bytes(x: float, unit: str) -> str:
 
 def report(results: list[Result], skipped: list[NotCovered], every: int, seconds: float,
            traced: int) -> str:
-    unit = {"hf": "MiB", "litgpt": "GB", "torchtune": "GiB", "torchtitan": "GiB", "fms": "GB"}
+    unit = {"hf": "MiB", "litgpt": "GB", "torchtune": "GiB", "torchtitan": "GiB", "fms": "GB",
+            "h100": "GiB"}
     num = [r for r in results if r.rel_err is not None]
     fit = [r for r in results if r.case.figure == "fits" and r.predicted is not None]
     failed = [r for r in results if r.error]
@@ -543,6 +615,7 @@ def report(results: list[Result], skipped: list[NotCovered], every: int, seconds
            "source's own nvidia-smi), RTX 3090 24268 MiB and A100-SXM4-40GB 40536 MiB (drivers "
            "460-525, 2021-2023; newer drivers print 24576 / 40960 MiB). The catalog holds 16, 24 "
            "and 40 GiB."]
+    md += verdict_table(results)
     md += technique_table(num, fit)
     md += ["", "Targets (issue 16): median absolute error <= 5%, 90th percentile <= 12% on peak "
            "memory of sources the model never saw; fit/no-fit and largest batch right on >= 95%.",
@@ -628,6 +701,47 @@ def technique_table(num: list[Result], fit: list[Result]) -> list[str]:
     return md
 
 
+VERDICT_WORDS = {"fits": "FITS", "tight": "TIGHT", "does not fit": "WON'T FIT"}
+
+
+def verdict_checks(results: list[Result]) -> list[tuple[str, str, bool, str]]:
+    """(group, verdict, ran, label) for every published or measured run the verdict can be
+    checked on: the fit / no-fit rows (timm read strictly, PEFT, LitGPT's OOM rows), and every
+    numeric row, which ran on its device (torchtitan's ran on 96 GB H100s the catalog lacks)."""
+    out = []
+    for r in results:
+        if r.predicted is None or r.case.source == "torchtitan":
+            continue
+        ran = r.case.measured == 1.0 if r.case.figure == "fits" else True
+        group = r.case.group if r.case.figure == "fits" else "numeric rows (each ran)"
+        out.append((group, VERDICT_WORDS[r.detail["fit_state"]], ran, r.case.label))
+    return out
+
+
+def verdict_table(results: list[Result]) -> list[str]:
+    """How often each verdict was right: FITS on a run that ran, WON'T FIT on one that ran out
+    of memory; TIGHT is right either way by design (the band straddles the capacity), so its
+    runs are split. Capacity: the catalog's."""
+    checks = verdict_checks(results)
+    md = ["", "### Verdicts against the runs (catalog capacity, the band of data/fit_bands.json)",
+          "", "| checks | verdict | runs | ran | ran out of memory | right |",
+          "|---|---|---|---|---|---|"]
+    for group in sorted({c[0] for c in checks}) + ["**all**"]:
+        sub = [c for c in checks if group == "**all**" or c[0] == group]
+        for word in ("FITS", "TIGHT", "WON'T FIT"):
+            vs = [c for c in sub if c[1] == word]
+            if not vs:
+                continue
+            ran = sum(c[2] for c in vs)
+            right = (f"{100 * ran / len(vs):.1f}%" if word == "FITS" else
+                     f"{100 * (len(vs) - ran) / len(vs):.1f}%" if word == "WON'T FIT" else "-")
+            md.append(f"| {group} | {word} | {len(vs)} | {ran} | {len(vs) - ran} | {right} |")
+    wrong = [c for c in checks if c[1] == "FITS" and not c[2]]
+    md += ["", "FITS on a run that ran out of memory: " + (
+        "; ".join(f"{c[3]} ({c[0]})" for c in wrong) if wrong else "none") + "."]
+    return md
+
+
 def timm_2b(results: list[Result], view: str = "catalog") -> tuple[int, int]:
     """The weaker reading of a timm row: B fits and 2B does not. 2B >= the next decay step, so a
     predicted OOM at the next step implies one at 2B; otherwise 2B is predicted from the line
@@ -665,10 +779,17 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.time()
     cases, skipped = [], []
-    for c, s in (hf_cases(), llm_cases(), fms_cases(), timm_cases(args.timm_every)):
+    for c, s in (hf_cases(), llm_cases(), fms_cases(), h100_cases(),
+                 timm_cases(args.timm_every)):
         cases += c
         skipped += s
     results, traced = run_all(cases, args.refresh)
+    rows_doc = write_rows(results)
+    import fit_bands
+    from trainplan.predict import bands
+    fit_bands.write(fit_bands.compute(rows_doc))
+    bands.reload()
+    results = [reestimate(r) for r in results]     # every verdict with the new bands
     md = report(results, skipped, args.timm_every, time.time() - t0, traced)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(md)

@@ -93,18 +93,24 @@ def test_recomputed_blocks_do_not_pile_up_in_backward():
 
 
 def test_reentrant_checkpointing_drops_the_inputs_qlora_keeps():
-    """bitsandbytes' MatMul4Bit keeps its input on ctx (not through save_for_backward), so under
+    """bitsandbytes' MatMul4Bit before 0.43.2 keeps its input on ctx (not through
+    save_for_backward; today's release keeps none: quantization.py), so under
     non-reentrant checkpointing every quantised layer's input that needs a gradient outlives the
     forward: per layer the normed input q, k and v share, the output projection's and the up
     projection's (b s h each) and the down projection's (b s f); in layer 0 the q/k/v input comes
     from the frozen embedding and needs no gradient, so bitsandbytes keeps none. Reentrant
     checkpointing runs the forward without autograd and keeps only the block input, as LoRA does;
     every adapter still gets its gradient (AdamW's 8 bytes per trainable parameter)."""
+    from trainplan.trace.semantics import KernelSemantics
+    from trainplan.trace.tracer import trace_step
+    old = KernelSemantics(attention="efficient", bnb4_keeps_input=True)
     job = tiny_job(num_layers=4, batch_size=4, seq_len=64, grad_checkpointing="full",
                    lora=Lora(rank=4, alpha=8, targets="all-linear", dropout=0.0))
     lora = trace(job)
-    nf4 = {impl: trace(job.with_(quantize="nf4", checkpoint_impl=impl))
+    nf4 = {impl: trace_step(job.with_(quantize="nf4", checkpoint_impl=impl), old)
            for impl in ("reentrant", "non-reentrant")}
+    today = trace(job.with_(quantize="nf4", checkpoint_impl="non-reentrant"))
+    assert today.activation_bytes == nf4["reentrant"].activation_bytes
     assert job.with_(quantize="nf4").reentrant_checkpointing  # auto: peft's QLoRA set-up
     assert nf4["reentrant"].activation_bytes == lora.activation_bytes
     d = job.transformer

@@ -41,7 +41,10 @@ def tiny(tmp_path_factory) -> str:
 
 def _trace(model, precision="fp32", routing=None, **kw):
     job = validate(Job(model=model, batch_size=B, seq_len=SEQ, precision=precision, **kw))
-    sem = KernelSemantics(attention="flash", autocast_dtype=AUTOCAST[precision])
+    # torch >= 2.13's kernels: fp32 grouped-query attention in the memory-efficient kernel, not
+    # the math path older releases take (semantics.py), so no attention matmul in the matmul FLOPs
+    sem = KernelSemantics(attention="flash", autocast_dtype=AUTOCAST[precision],
+                          efficient_gqa=True)
     return trace_step(job, sem, routing=routing)
 
 

@@ -71,13 +71,19 @@ def test_traced_weights_are_the_quantised_layers_plus_the_rest():
         assert any("quantisation state" in n for n in tr.notes)
 
 
-def test_torchao_keeps_no_input_bitsandbytes_does():
-    """bitsandbytes' MatMul4Bit keeps each quantised layer's input for backward; torchao's
-    linear_nf4 keeps only the weight: same weights, fewer saved activations (adapters on q and v
-    only, so the inputs of o, up and down are kept only for bitsandbytes)."""
-    bnb, ao = trace(_qlora("nf4-dq", "q,v")), trace(_qlora("torchao-nf4", "q,v"))
-    assert bnb.weight_bytes == ao.weight_bytes
-    assert ao.activation_bytes < bnb.activation_bytes
+def test_only_old_bitsandbytes_keeps_each_input():
+    """bitsandbytes' MatMul4Bit kept each quantised layer's input for backward up to 0.43.1
+    (`ctx.tensors = (A, B)`); 0.43.2 (#1270) keeps only the weight, as torchao's linear_nf4 does:
+    same weights, and with adapters on q and v only the inputs of o, up and down are kept by the
+    old release alone. LLM.int8 keeps its input in every release."""
+    from trainplan.trace.semantics import KernelSemantics
+    from trainplan.trace.tracer import trace_step
+    job = _qlora("nf4-dq", "q,v")
+    bnb, ao = trace(job), trace(_qlora("torchao-nf4", "q,v"))
+    old = trace_step(job, KernelSemantics(attention="efficient", bnb4_keeps_input=True))
+    assert bnb.weight_bytes == ao.weight_bytes == old.weight_bytes
+    assert bnb.activation_bytes == ao.activation_bytes < old.activation_bytes
+    assert INT8.keeps_input_in(False) and NF4.keeps_input_in(True) and not NF4.keeps_input_in()
 
 
 @pytest.mark.parametrize("text,q", [("bnb.nf4", NF4), ("bnb.nf4-dq", NF4_DQ), ("QLoRA", NF4_DQ),

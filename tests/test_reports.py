@@ -201,7 +201,9 @@ COUNTS = {"accelerator_count", "batch_size", "micro_batch_size", "planned_micro_
           "cpu_cores", "steps", "checkpoint_every_steps", "sessions", "rank", "seq_len",
           "image_size", "lora_rank", "params_total", "params_trainable", "files_per_checkpoint",
           "checkpoints_fit_disk", "checkpoints_fit_files", "output_file_limit", "dataset_size",
-          "epochs", "months", "compute_units", "mfu", "fit_margin"}   # fit_margin: a fraction
+          "epochs", "months", "compute_units", "mfu", "fit_margin",   # fit_margin: a fraction
+          "p95", "rows", "fit_probability",        # the verdict's band: fractions and a count
+          "max_micro_batch_size_with_band"}
 
 
 def numeric_keys(x, parent=""):
@@ -223,7 +225,7 @@ def test_json_numbers_carry_their_unit_in_the_key(doc):
 
 
 def test_json_keys_are_stable(doc):
-    assert list(doc)[0] == "schema_version" and doc["schema_version"] == "1.3"
+    assert list(doc)[0] == "schema_version" and doc["schema_version"] == "1.4"
     assert {"max_micro_batch_size", "required_bytes", "precision_label", "strategy_label",
             "calibration"} <= set(doc["platforms"][0])
     assert set(doc) == {"schema_version", "job", "steps", "steps_source", "epochs", "dataset_size",

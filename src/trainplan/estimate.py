@@ -8,16 +8,19 @@ from dataclasses import dataclass
 from .accelerators import Accelerator
 from .predict import BUNDLED_ONLY, Calibration, Evaluation, Traces, evaluate, largest_micro_batch
 
-SCHEMA_VERSION = "1.3"    # 1.1: per_device.required_bytes, findings[].kind, precision_label
+SCHEMA_VERSION = "1.4"    # 1.1: per_device.required_bytes, findings[].kind, precision_label
                           # 1.2: fit, fit_margin, per_device.held_bytes, max_batch_size_with_margin
                           # 1.3: algorithm, step_phases_s, generation
+                          # 1.4: fit_band, fit_probability, per_device.banded_bytes,
+                          #      max_batch_size_with_band (= max_batch_size_with_margin, which
+                          #      now means the band)
 
 
 @dataclass(frozen=True)
 class Estimate:
     evaluation: Evaluation
     max_batch_size: int | None        # largest micro-batch that fits (None: not searched / 1 fails)
-    max_batch_size_with_margin: int | None = None   # largest that is not tight (memory.py band)
+    max_batch_size_with_margin: int | None = None   # largest that fits with the band (bands.py)
 
     def __getattr__(self, name):      # job, accel, trace, memory, time, findings, fits ...
         if name.startswith("__"):
@@ -63,12 +66,15 @@ def to_json(est: Estimate) -> dict:
         "fits": est.fits,
         "fit": est.fit_state,
         "fit_margin": m.fit_margin,
+        "fit_band": m.band.to_json() if m.band is not None else None,
+        "fit_probability": m.fit_probability,
         "per_device": {
             "peak_allocated_bytes": m.peak_allocated_bytes,
             "peak_reserved_bytes": m.peak_reserved_bytes,
             "device_used_bytes": m.device_used_bytes,
             "required_bytes": m.required_bytes,
             "held_bytes": m.held_bytes,
+            "banded_bytes": m.banded_bytes,
             "capacity_bytes": m.capacity_bytes,
             "headroom_bytes": m.headroom_bytes,
             "peak_phase": m.peak_phase,
@@ -78,6 +84,7 @@ def to_json(est: Estimate) -> dict:
         "host_ram_bytes": m.host_ram_bytes,
         "max_batch_size": est.max_batch_size,
         "max_batch_size_with_margin": est.max_batch_size_with_margin,
+        "max_batch_size_with_band": est.max_batch_size_with_margin,
         "batch_size": job.batch_size,
         "grad_accum": job.grad_accum,
         "params": {"total": tr.params_total, "trainable": tr.params_trainable},

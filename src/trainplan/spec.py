@@ -41,6 +41,10 @@ OFFLOADS = ("none", "optimizer", "optimizer+params")
 CHECKPOINTING = ("none", "full", "selective")
 CHECKPOINT_IMPLS = ("auto", "reentrant", "non-reentrant")
 ATTENTIONS = ("auto", "eager", "sdpa", "flash", "efficient", "math")
+# frozen floating-point parameters kept in the 16-bit dtype under mixed precision (quantization.py):
+# none = as stored (fp32: peft's prepare_model_for_kbit_training upcast), embeddings = embeddings
+# and output head (TRL's peft_module_casting_to_bf16), all = every frozen parameter
+FROZEN_HALF = ("none", "embeddings", "all")
 QUANTIZE = quant_mod.NAMES
 TASKS = ("causal-lm", "masked-lm", "seq-classification", "seq2seq", "image-classification")
 # other spellings of an optimizer (bitsandbytes' class names, the HF Trainer's `optim` values)
@@ -78,6 +82,7 @@ class Job:
     attention: str = "auto"
     lora: Lora | None = None
     quantize: Quantization = quant_mod.NONE   # parsed from any spelling on construction
+    frozen_half: str = "none"            # frozen parameters in 16 bits under AMP (FROZEN_HALF)
     moe_capacity_factor: float | None = None  # None: dropless, uniform routing (trace/moe.py)
     channels_last: bool = False
     frozen: tuple[str, ...] = ()         # module-name prefixes whose parameters are frozen
@@ -144,7 +149,7 @@ _INT_KEYS = ("batch_size", "grad_accum", "seq_len", "image_size", "images_per_sa
              "expert_parallel", "num_workers", "steps", "dataset_size", "target_batch")
 _NUMBER_KEYS = ("epochs", "samples_per_s_per_worker", "session_overhead_s", "moe_capacity_factor")
 _TEXT_KEYS = ("model", "name", "task", "optimizer", "grad_checkpointing", "checkpoint_impl",
-              "attention", "gpu", "offload", "algorithm")
+              "attention", "gpu", "offload", "algorithm", "frozen_half")
 _SCALAR_KEYS = ("precision", "quantize", "strategy")   # a name; quantize may also be false
 _LIST_KEYS = ("platforms", "frozen")                  # a list of names, or one name
 
@@ -535,6 +540,7 @@ def validate(job: Job) -> Job:
                              fix="use --checkpoint-impl non-reentrant (or auto), or "
                                  "--grad-checkpointing full")
     _choice("attention", job.attention, ATTENTIONS)
+    _choice("frozen_half", job.frozen_half, FROZEN_HALF)
     if job.task is not None:
         _choice("task", job.task, TASKS)
     algo_mod.check(job.algorithm, job.rollout, job.seq_len)

@@ -11,8 +11,8 @@ from ..algorithm import ALGORITHMS, ENGINES, Rollout, parse_rollout
 from ..errors import TrainplanError
 from ..models.hub import set_allow_download
 from ..strategy import SINGLE
-from ..spec import (ATTENTIONS, CHECKPOINT_IMPLS, CHECKPOINTING, OFFLOADS, OPTIMIZERS, PRECISIONS,
-                    QUANTIZE, STRATEGIES, TASKS, Job, Lora, validate)
+from ..spec import (ATTENTIONS, CHECKPOINT_IMPLS, CHECKPOINTING, FROZEN_HALF, OFFLOADS,
+                    OPTIMIZERS, PRECISIONS, QUANTIZE, STRATEGIES, TASKS, Job, Lora, validate)
 
 
 def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) -> None:
@@ -51,6 +51,10 @@ def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) ->
     g.add_argument("--lora-alpha", type=float)
     g.add_argument("--lora-targets", help="all-linear or q,v,... or module-name suffixes")
     g.add_argument("--quantize", help="|".join(QUANTIZE) + " (QLoRA base weights)")
+    g.add_argument("--frozen-half", choices=FROZEN_HALF,
+                   help="under mixed precision, keep frozen parameters in 16 bits: embeddings "
+                        "(and head) or all (default none: fp32, as peft's "
+                        "prepare_model_for_kbit_training upcasts them)")
     g.add_argument("--expert-parallel", type=int,
                    help="mixture-of-experts: split the experts over this many GPUs (a divisor "
                         "of --gpus; default 1)")
@@ -100,7 +104,8 @@ _MAP = {"gpu": "gpu", "gpus": "gpus", "strategy": "strategy", "offload": "offloa
         "precision": "precision", "optimizer": "optimizer",
         "grad_checkpointing": "grad_checkpointing", "checkpoint_impl": "checkpoint_impl",
         "attention": "attention",
-        "quantize": "quantize", "channels_last": "channels_last", "task": "task",
+        "quantize": "quantize", "frozen_half": "frozen_half", "channels_last": "channels_last",
+        "task": "task",
         "moe_capacity_factor": "moe_capacity_factor", "expert_parallel": "expert_parallel",
         "algorithm": "algorithm"}
 _ROLLOUT_FLAGS = {"generations": "generations", "prompt_len": "prompt_len",

@@ -164,6 +164,14 @@ def build_hf(job, attention: str = "efficient") -> ModelBundle:
         for c in {id(config): config, id(_text_config(config)): _text_config(config)}.values():
             c.use_cache = False
     notes = [n for n in (source_note, mapped) if n]
+    from .hf_names import EAGER_BEFORE_SDPA_PORT
+    if attention == "eager" and job.attention != "eager" and \
+            getattr(config, "model_type", "") in EAGER_BEFORE_SDPA_PORT:
+        notes.append(f"{getattr(config, 'model_type', '')}'s relative position bias: "
+                     "transformers ran this architecture eager until its SDPA port (July 2026, "
+                     "5.2x releases), so its eager attention (s x s scores materialised) is "
+                     "planned; on a release with the port, --attention efficient plans PyTorch's "
+                     "memory-efficient kernel, which takes the bias and its gradient")
     with torch.device("meta"):
         try:
             model = _from_config(cls, config, attn)

@@ -257,6 +257,32 @@ def resolve_config(ref: str) -> tuple[dict, str | None, str, str | None]:
             f"hf:{ref}: config.json {hub.origin(ref)} ({path}); only the config, no weights")
 
 
+# Architectures whose attention adds a learned bias to the scores (T5's relative position bias,
+# a trainable Embedding: the bias needs a gradient). transformers gave them an SDPA path only with
+# huggingface/transformers#47014 (merged July 2026: the 5.2x releases; T5Attention now hands
+# `position_bias` to `sdpa_attention_forward`, which folds it into a float mask). Every release
+# before ran them eager: `attn_implementation="sdpa"` raised ValueError, the default fell back to
+# eager (modeling_utils `get_correct_attn_implementation`). Where the SDPA path exists PyTorch
+# cannot take flash (no mask) nor cuDNN (it refuses a mask that requires grad:
+# sdp_utils_cpp.h `check_attn_mask_shape`); the memory-efficient kernel takes the bias and its
+# gradient from torch 2.1 (pytorch/pytorch#104310) and the math path materialises the scores.
+# The measured case this rests on: T5-base, batch 16, 512 tokens, bf16 autocast, transformers
+# 5.17 on an H200: 25.8 GiB allocated, as the eager step (predict/target.py `semantics_for`).
+EAGER_BEFORE_SDPA_PORT = frozenset({"t5", "mt5", "umt5", "longt5", "switch_transformers",
+                                    "pop2piano", "udop"})
+
+
+@functools.cache
+def model_type(model: str) -> str:
+    """The config's model_type of an `hf:` model ("" for other sources or when unknown)."""
+    if not model.startswith("hf:"):
+        return ""
+    try:
+        return str(resolve_config(model[3:])[0].get("model_type", ""))
+    except TrainplanError:
+        return ""
+
+
 def load_config_dict(ref: str) -> tuple[dict, str | None, str]:
     """(config dict, Auto class name or None, canonical name) for a hub id or a local path."""
     return resolve_config(ref)[:3]

@@ -7,8 +7,8 @@ by alpha / r; trainable parameters per adapted linear = r (in + out), the count 
 QLoRA (Dettmers et al. 2023): the frozen base weights are stored packed, 4 bits per weight with
 their quantisation state (quantization.py has each library's layout and what its matmul keeps:
 0.5625 bytes per weight for bitsandbytes NF4, 0.516 double-quantised, vs 2 for bf16). The forward
-dequantises each weight to the compute dtype just before its matmul (a transient full-size copy
-of that layer) and backward dequantises again.
+dequantises each weight just before its matmul (a transient full-size copy of that layer, and a
+second in fp32 when the input is fp32) and backward dequantises again.
 """
 from __future__ import annotations
 
@@ -105,44 +105,54 @@ class QuantizedWeight(nn.Module):
 
 
 class _QuantMatmul(torch.autograd.Function):
-    """y = x W^T with W dequantised on the fly in forward and again in backward. bitsandbytes
-    (MatMul4Bit) keeps the input x whenever it needs a gradient
-    (bitsandbytes/autograd/_functions.py, MatMul4Bit.forward:
-    `if any(ctx.needs_input_grad[:2]): ctx.tensors = (A, B)`), although grad_x needs only W: every
-    quantised layer's input stays live until backward, unlike a frozen nn.Linear's. torchao's
-    linear_nf4 keeps only the weight (quantization.py)."""
+    """y = x W^T with W dequantised on the fly in forward and again in backward, as bitsandbytes'
+    MatMul4Bit does (bitsandbytes/autograd/_functions.py): forward
+    `F.linear(A, dequantize_4bit(B, state).to(A.dtype))`, the dequantised weight made in the dtype
+    it was quantised from and copied to the input's when they differ (an fp32 input after a norm
+    peft keeps in fp32: bitsandbytes >= 0.42 then computes in fp32, and under AMP F.linear casts
+    input and weight back to 16 bits); backward `grad_out @ dequantize_4bit(B).to(grad.dtype)`.
+    The input is kept for backward only where the release does (quantization.py: bitsandbytes
+    <= 0.43.1 and LLM.int8), although grad_x needs only W. torchao's linear_nf4 keeps only the
+    weight."""
 
     @staticmethod
     def forward(ctx, x, qweight_module_holder):
         qw = qweight_module_holder.module
         ctx.holder = qweight_module_holder
-        ctx.kept_input = x if x.requires_grad and qw.q.keeps_input else None
+        ctx.kept_input = x if x.requires_grad and qweight_module_holder.keeps_input else None
         w = qw.dequantize()
-        return x.to(w.dtype) @ w.t()
+        if w.dtype != x.dtype:
+            w = w.to(x.dtype)
+        return F.linear(x, w)
 
     @staticmethod
     def backward(ctx, g):
         w = ctx.holder.module.dequantize()
+        if w.dtype != g.dtype:
+            w = w.to(g.dtype)
         return g @ w, None
 
 
 class _Holder:
-    def __init__(self, module):
+    def __init__(self, module, keeps_input: bool = False):
         self.module = module
+        self.keeps_input = keeps_input
 
 
 class QuantLinear(nn.Module):
-    def __init__(self, linear: nn.Linear, q: Quantization, dtype: torch.dtype):
+    def __init__(self, linear: nn.Linear, q: Quantization, dtype: torch.dtype,
+                 keeps_input: bool = False):
         super().__init__()
         out_f, in_f = linear.out_features, linear.in_features
         self.in_features, self.out_features = in_f, out_f
         self.weight_q = QuantizedWeight(out_f, in_f, q, dtype)
+        self.keeps_input = keeps_input
         self.bias = None
         if linear.bias is not None:
             self.bias = nn.Parameter(torch.empty(out_f, dtype=dtype), requires_grad=False)
 
     def forward(self, x):
-        y = _QuantMatmul.apply(x, _Holder(self.weight_q))
+        y = _QuantMatmul.apply(x, _Holder(self.weight_q, self.keeps_input))
         y = y + self.bias if self.bias is not None else y
         # bitsandbytes' Linear4bit.forward computes in compute_dtype and returns
         # `out.to(inp_dtype)`: an fp32 input (after a norm that prepare_model_for_kbit_training
@@ -193,17 +203,19 @@ def _set(model: nn.Module, name: str, new: nn.Module) -> None:
 
 
 def apply_lora(model: nn.Module, rank: int, alpha: float, targets: str, dropout: float,
-               quantize: Quantization, compute_dtype: torch.dtype, adapter_dtype: torch.dtype
-               ) -> list[str]:
+               quantize: Quantization, compute_dtype: torch.dtype, adapter_dtype: torch.dtype,
+               old_bnb4: bool = False) -> list[str]:
     """Freeze the model, quantise its linears (QLoRA) and attach adapters; returns adapted names.
 
     Adapters are fp32 under AMP (peft's default) and in the model dtype for pure half precision.
+    `old_bnb4`: a bitsandbytes release before 0.43.2, whose 4-bit matmul keeps its input
+    (quantization.py).
     """
     names = select_targets(model, targets)
     for p in model.parameters():
         p.requires_grad_(False)
     if quantize.on:
-        quantize_linears(model, quantize, compute_dtype)
+        quantize_linears(model, quantize, compute_dtype, quantize.keeps_input_in(old_bnb4))
         quantize_experts(model, quantize, compute_dtype)
     for name in names:
         m = model.get_submodule(name)
@@ -244,12 +256,13 @@ def quantize_experts(model: nn.Module, q: Quantization, compute_dtype: torch.dty
     return count
 
 
-def quantize_linears(model: nn.Module, q: Quantization, compute_dtype: torch.dtype) -> int:
+def quantize_linears(model: nn.Module, q: Quantization, compute_dtype: torch.dtype,
+                     keeps_input: bool = False) -> int:
     """Replace every nn.Linear except output heads by a QuantLinear (transformers' bitsandbytes
     integration skips the output head: `get_keys_to_not_convert`)."""
     count = 0
     for name, m in list(model.named_modules()):
         if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] not in HEADS:
-            _set(model, name, QuantLinear(m, q, compute_dtype))
+            _set(model, name, QuantLinear(m, q, compute_dtype, keeps_input))
             count += 1
     return count

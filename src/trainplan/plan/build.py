@@ -17,7 +17,7 @@ import functools
 
 from ..errors import TrainplanError
 from ..platforms import Platform
-from .fixes import SPEED_LADDER
+from .fixes import SPEED_LADDER, describe
 from ..predict import MAX_MICRO_BATCH
 from .planner import Config, Planner, platform_job, steps_for
 from .rank import rank, tier
@@ -68,14 +68,18 @@ def plan_platform(planner: Planner, platform: Platform, jp, base_changes: list[s
     bc = batch_change(job, cfg, platform.devices, planner.target_batch)
     if bc:
         changes.append(bc)
-    changes += [f"{f.title} ({', '.join(f'{k}: {v}' for k, v in f.setting.items())})"
+    changes += [f"{f.title} ({describe(f.setting)})"
                 + (" -- changes what is trained" if f.changes_training else "")
                 for f in fixes if not f.note]
     verdict, checklist, fail = assess(platform, job, cfg, changes, sessions, storage, cost, steps,
                                       deadline_s, budget_usd, planner.target_batch, headroom)
     t, m = cfg.time, cfg.memory
-    largest = None if cfg.evaluation.blocked else planner.largest(
-        cfg.job, platform, accumulate=cfg.grad_accum > 1, limit=MAX_MICRO_BATCH)
+    largest = banded = None
+    if not cfg.evaluation.blocked:
+        largest = planner.largest(cfg.job, platform, accumulate=cfg.grad_accum > 1,
+                                  limit=MAX_MICRO_BATCH)
+        banded = planner.largest(cfg.job, platform, accumulate=cfg.grad_accum > 1,
+                                 limit=MAX_MICRO_BATCH, margin=True) if largest else None
     return PlatformPlan(
         platform_id=platform.id, name=platform.name, provider=platform.provider,
         accelerator_id=platform.accelerator_id, accelerator_count=platform.accelerator_count,
@@ -99,7 +103,9 @@ def plan_platform(planner: Planner, platform: Platform, jp, base_changes: list[s
         within_budget=None if budget_usd is None or cost is None else cost.total_usd <= budget_usd,
         meets_deadline=None if deadline_s is None or sessions is None else sessions.finish_s <= deadline_s,
         interpolated=cfg.interpolated, calibration=cfg.evaluation.calibration,
-        headroom=tuple(headroom), reason=fail)
+        headroom=tuple(headroom), reason=fail,
+        fit_band=m.band.to_json() if m.band is not None else None,
+        fit_probability=m.fit_probability, max_micro_batch_size_with_band=banded)
 
 
 def _headroom(planner: Planner, platform: Platform, cfg: Config, fixes: list, skipped: list):

@@ -1,35 +1,46 @@
-"""The fix ladder: job changes that make a job fit, cheapest first, each a Job -> Job transform.
+"""The fix ladder: job changes that make a job fit, in the order a practitioner takes them, each a
+Job -> Job transform whose effect is the library's own.
 
-The planner applies the rungs one after another on top of each other until the job fits, and
-re-plans after each (micro-batch, accumulation, memory, step time), so every rung's effect is
-computed, not assumed. Order (cheapest in speed and in how much the training changes first):
+The order is data (data/fix_ladder.json, one row a rung): by what a rung costs the user -- a
+setting in the same script first, then another optimizer class, then training other parameters
+(LoRA, a smaller rank, QLoRA, a frozen embedding), then shorter sequences, then a new launcher over
+the devices present (DeepSpeed ZeRO), and DeepSpeed on one device with the CPU running the
+optimizer (ZeRO-Offload) last, only where nothing simpler fits -- and within a cost by step time.
+Each row says what the user changes, what the library then does and the source line it rests on.
 
-    0  smaller micro-batch + gradient accumulation   (part of every plan: planner.py)
-    1  memory-efficient attention (SDPA) instead of eager/math attention
-    2  selective activation checkpointing, then 3 full checkpointing     (~+33% compute at full)
-    4  mixed precision the device supports (bf16 AMP on sm80+/TPU, else fp16 AMP)
-    5  8-bit AdamW (bitsandbytes; CUDA only)
-    5b GRPO without LoRA: beta 0, no reference copy of the weights
-    6  LoRA adapters (pretrained hf: models only), then 7 QLoRA (4-bit base; CUDA only)
-    8  ZeRO-2, then 9 ZeRO-3 over the devices present (multi-GPU only)
-    9b GRPO/PPO under ZeRO-3: generation gathers layer by layer, not the whole model
-    10 CPU offload of the optimizer state, then 11 of the parameters too (DeepSpeed ZeRO-Offload)
-    12 shorter sequences (halved, at most 3 times, not below 64 tokens); a generating job
-       halves its prompts and completions. Not tried where what no length changes (weights,
-       optimizer states, gradients in the update, the runtime: MemoryEstimate.floor_bytes)
-       already exceeds the device
+    flag       attention (SDPA), mixed precision, 16-bit frozen weights (no peft fp32 upcast),
+               selective then full checkpointing, GRPO generation gathered layer by layer
+    optimizer  8-bit AdamW, then paged 8-bit AdamW (bitsandbytes)
+    training   GRPO without a reference (beta 0), LoRA, a smaller LoRA (half the rank, or
+               attention only), a frozen input embedding, QLoRA (4-bit NF4 base)
+    data       shorter sequences (halved, at most 3 times, not below 64 tokens; a generating job
+               halves prompts and completions). Not tried where what no length changes
+               (weights, optimizer states, gradients in the update, the runtime:
+               MemoryEstimate.floor_bytes) already exceeds the device
+    launcher   ZeRO-2, then ZeRO-3 over the devices present (multi-GPU only)
+    launcher-one-device   CPU offload of the optimizer state, then of the parameters
 
-A rung the platform cannot do is never kept; it is listed in `skipped_fixes` with the reason:
-the planner checks every rung's job against the prediction core's compatibility table
-(predict/compat.py: bitsandbytes or offload on a TPU, sharding over one device), the same table
-that adapts the job to the platform before any of this (bf16 on a pre-Ampere GPU,
-FlashAttention-2 below sm80) and gives `estimate` its findings. Rungs 6, 7 and 12 change what is
-trained and say so (`changes_training`), as does 5b.
+The planner (planner.py) applies the rungs one after another on top of each other until the job
+fits, re-planning after each, and evaluates each rung alone on the job as it came to the ladder:
+every rung shows its own saving and its cumulative one, and "fits" only where that state fits.
+A rung the platform cannot do is never kept; it is listed in `skipped_fixes` with the reason
+(predict/compat.py: bitsandbytes or offload on a TPU, sharding over one device). Rungs that
+change what is trained say so (`changes_training`).
+
+Effects (predict/ models them; the rows cite the library lines): DeepSpeed's fp16/bf16 engine
+casts the whole module to 16 bits (engine.py `module.half()`): every floating-point weight, never
+4-bit storage (uint8, not a float), so a ZeRO rung of a job under mixed precision also carries
+`frozen_half: all`; ZeRO-1/2/3 partition the trainable parameters' state only (sharding.py);
+offload moves optimizer state (and for ZeRO-3 the parameters) to the host; paged optimizer
+states live outside the allocator (memory.py).
 """
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from importlib import resources
 
 from ..accelerators import Accelerator
 from ..algorithm import KEYS as ROLLOUT_KEYS
@@ -38,7 +49,6 @@ from ..spec import Lora
 from ..strategy import ZERO2, ZERO3, Strategy
 
 MIN_SEQ_LEN = 64
-SEQ_HALVINGS = 3
 
 
 @dataclass(frozen=True)
@@ -81,26 +91,40 @@ def apply(job, setting: dict):
     return job.with_(**kw)
 
 
+def describe(setting: dict) -> str:
+    """A rung's setting as a reader sees it: 'lora: rank 8, alpha 16, q,k,v,o; frozen_half:
+    all'."""
+    def text(v) -> str:
+        if isinstance(v, Lora):
+            return f"rank {v.rank}, alpha {v.alpha:g}, {v.targets}"
+        if isinstance(v, (tuple, list)):
+            return ", ".join(str(x) for x in v)
+        if isinstance(v, float):
+            return f"{v:g}"
+        return str(v)
+    return "; ".join(f"{k}: {text(v)}" for k, v in setting.items())
+
+
 def _step(rung, title, job, changes_training=False, **kw) -> Step:
     """The rung's job; `setting` names precision and strategy by their canonical spelling."""
     setting = {k: v.name if isinstance(v, (Precision, Strategy)) else v for k, v in kw.items()}
     return Step(rung, title, apply(job, kw), setting, changes_training)
 
 
-def attention(job, accel: Accelerator, devices: int):
+def attention(job, accel: Accelerator, devices: int, trace=None):
     if job.attention not in ("eager", "math") or not _has_attention(job):
         return None
     return _step("attention", "memory-efficient attention (SDPA)", job, attention="sdpa")
 
 
-def checkpointing_selective(job, accel, devices):
+def checkpointing_selective(job, accel, devices, trace=None):
     if job.grad_checkpointing != "none":
         return None
     return _step("checkpointing-selective", "selective activation checkpointing", job,
                  grad_checkpointing="selective")
 
 
-def checkpointing_full(job, accel, devices):
+def checkpointing_full(job, accel, devices, trace=None):
     if job.grad_checkpointing == "full":
         return None
     return _step("checkpointing-full", "full activation checkpointing", job, grad_checkpointing="full")
@@ -115,7 +139,7 @@ def half_precision_for(accel: Accelerator) -> Precision | None:
     return None
 
 
-def precision(job, accel, devices):
+def precision(job, accel, devices, trace=None):
     if not job.precision.full:
         return None
     amp = half_precision_for(accel)
@@ -124,13 +148,29 @@ def precision(job, accel, devices):
     return _step("precision", amp.label, job, precision=amp)
 
 
-def optimizer_8bit(job, accel, devices):
+def frozen_half(job, accel, devices, trace=None):
+    """Frozen parameters in 16 bits instead of fp32 under mixed precision: peft's
+    prepare_model_for_kbit_training upcast is optional (quantization.py)."""
+    if job.lora is None or not job.precision.amp or job.frozen_half == "all":
+        return None
+    return _step("frozen-half", "frozen embeddings, norms and head in 16 bits (no fp32 upcast)",
+                 job, frozen_half="all")
+
+
+def optimizer_8bit(job, accel, devices, trace=None):
     if job.optimizer not in ("adamw", "adam"):
         return None
     return _step("optimizer-8bit", "8-bit AdamW (bitsandbytes)", job, optimizer="adamw-8bit")
 
 
-def reference_off(job, accel, devices):
+def optimizer_paged(job, accel, devices, trace=None):
+    if job.optimizer not in ("adamw", "adam", "adamw-8bit"):
+        return None
+    return _step("optimizer-paged", "paged 8-bit AdamW (bitsandbytes)", job,
+                 optimizer="paged-adamw-8bit")
+
+
+def reference_off(job, accel, devices, trace=None):
     """GRPO with beta > 0 and no LoRA keeps a full second copy of the weights for the reference
     model; beta 0 (TRL's default since 0.18) loads none. With LoRA the reference is the base with
     adapters off, so there is nothing to drop."""
@@ -141,7 +181,7 @@ def reference_off(job, accel, devices):
                  changes_training=True, beta=0.0)
 
 
-def gather_per_token(job, accel, devices):
+def gather_per_token(job, accel, devices, trace=None):
     """Under ZeRO-3, TRL gathers the whole model for generation and holds it
     (ds3_gather_for_generation, default true); turned off, each forward gathers the layers it
     needs: the full copy never sits on one device, at the price of a gather per generated token
@@ -155,7 +195,7 @@ def gather_per_token(job, accel, devices):
                  gather_for_generation=False)
 
 
-def lora(job, accel, devices):
+def lora(job, accel, devices, trace=None):
     if job.lora is not None:
         return None
     if not _pretrained(job):
@@ -164,7 +204,38 @@ def lora(job, accel, devices):
                  lora=Lora(rank=16, alpha=32.0, targets="all-linear"))
 
 
-def qlora(job, accel, devices):
+def lora_smaller(job, accel, devices, trace=None):
+    """Half the LoRA rank (not below 4); at rank 4 already, adapters on attention only."""
+    lo = job.lora
+    if lo is None:
+        return None
+    if lo.rank > 4:
+        rank = max(4, lo.rank // 2)
+        return _step("lora-smaller", f"smaller LoRA (rank {rank})", job, changes_training=True,
+                     lora=replace(lo, rank=rank, alpha=lo.alpha * rank / lo.rank))
+    if lo.targets == "all-linear":
+        return _step("lora-smaller", "LoRA on attention only (q, k, v, o)", job,
+                     changes_training=True, lora=replace(lo, targets="q,k,v,o"))
+    return None
+
+
+# input embeddings of the bundled architectures (trace module names)
+EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "shared", "embed_in", "tok_embeddings")
+
+
+def freeze_embeddings(job, accel, devices, trace=None):
+    """Full fine-tuning: freeze the input embeddings (and a head tied to them)."""
+    if job.lora is not None or trace is None or not job.model.startswith("hf:"):
+        return None
+    names = [m.name for m in trace.modules if m.name.rsplit(".", 1)[-1] in EMBEDDINGS
+             and m.trainable_params]
+    if not names or all(n in job.frozen for n in names):
+        return None
+    return _step("freeze-embeddings", "frozen input embeddings", job, changes_training=True,
+                 frozen=tuple(dict.fromkeys(job.frozen + tuple(names))))
+
+
+def qlora(job, accel, devices, trace=None):
     if job.lora is None or job.quantize != "none":
         return None
     return _step("qlora", "QLoRA (4-bit NF4 base weights, double-quantised)", job,
@@ -172,19 +243,26 @@ def qlora(job, accel, devices):
 
 
 def _sharding(stage: Strategy):
-    def rung(job, accel, devices):
+    def rung(job, accel, devices, trace=None):
         if job.strategy.order >= stage.order:
             return None
         if accel.kind == "tpu":
             return Skip(stage.name, "sharding over TPU cores is not modelled (memory.py shards "
                                     "over GPUs)")
         return _step(stage.name, f"ZeRO-{stage.order} over the {devices} devices (DeepSpeed)", job,
-                     strategy=stage)
+                     strategy=stage, **_engine_cast(job))
     return rung
 
 
+def _engine_cast(job) -> dict:
+    """DeepSpeed's fp16/bf16 engine casts the whole module to 16 bits (engine.py module.half()):
+    a job with frozen parameters under mixed precision then holds them in 16 bits."""
+    return {"frozen_half": "all"} if job.lora is not None and job.precision.amp \
+        and job.frozen_half != "all" else {}
+
+
 def _offload(level: str):
-    def rung(job, accel, devices):
+    def rung(job, accel, devices, trace=None):
         order = ("none", "optimizer", "optimizer+params")
         if order.index(job.offload) >= order.index(level):
             return None
@@ -192,11 +270,11 @@ def _offload(level: str):
             job.strategy if job.strategy.shards_gradients else ZERO2)
         what = "optimizer state" if level == "optimizer" else "optimizer state and parameters"
         return _step(f"offload-{level.split('+')[-1]}", f"CPU offload of the {what} (ZeRO-Offload)",
-                     job, offload=level, strategy=stage)
+                     job, offload=level, strategy=stage, **_engine_cast(job))
     return rung
 
 
-def seq_len(job, accel, devices):
+def seq_len(job, accel, devices, trace=None):
     """Halve the sequence; a generating job (GRPO, PPO) halves its prompt and its completion,
     as seed 004's own advice does (4096 + 768 -> 2048 + 384 tokens)."""
     if job.seq_len is None or job.seq_len // 2 < MIN_SEQ_LEN:
@@ -212,11 +290,33 @@ def seq_len(job, accel, devices):
                  changes_training=True, seq_len=job.seq_len // 2)
 
 
-Rung = Callable[[object, Accelerator, int], "Step | Skip | None"]
-LADDER: tuple[Rung, ...] = (
-    attention, checkpointing_selective, checkpointing_full, precision, optimizer_8bit,
-    reference_off, lora, qlora, _sharding(ZERO2), _sharding(ZERO3), gather_per_token,
-    _offload("optimizer"), _offload("optimizer+params"),
-    *(seq_len,) * SEQ_HALVINGS,
-)
+Rung = Callable[..., "Step | Skip | None"]   # (job, accel, devices, trace=None)
+
+
+@functools.cache
+def table() -> dict:
+    """data/fix_ladder.json: the rungs in order, with cost, step-time cost, what the user changes,
+    what the library does and its source."""
+    return json.loads((resources.files("trainplan") / "data" / "fix_ladder.json").read_text())
+
+
+RUNGS: dict[str, Rung] = {
+    "attention": attention, "precision": precision, "frozen-half": frozen_half,
+    "checkpointing-selective": checkpointing_selective,
+    "checkpointing-full": checkpointing_full, "gather-per-token": gather_per_token,
+    "optimizer-8bit": optimizer_8bit, "optimizer-paged": optimizer_paged,
+    "beta-0": reference_off, "lora": lora, "lora-smaller": lora_smaller,
+    "freeze-embeddings": freeze_embeddings, "qlora": qlora, "seq-len": seq_len,
+    "zero2": _sharding(ZERO2), "zero3": _sharding(ZERO3),
+    "offload-optimizer": _offload("optimizer"), "offload-params": _offload("optimizer+params"),
+}
+
+
+def row(rung_id: str) -> dict:
+    """The table's row of a rung."""
+    return next(r for r in table()["rungs"] if r["rung"] == rung_id)
+
+
+LADDER: tuple[Rung, ...] = tuple(RUNGS[r["rung"]] for r in table()["rungs"]
+                                 for _ in range(int(r.get("repeat", 1))))
 SPEED_LADDER: tuple[Rung, ...] = (precision, attention)

@@ -40,7 +40,9 @@ from ..units import fmt_bytes
 from . import cost as cost_mod
 from . import sessions as ses
 from . import storage as sto
-from .fixes import LADDER, SPEED_LADDER, Skip
+from ..predict.memory import FITS, NO_FIT, TIGHT
+from .fixes import LADDER, SPEED_LADDER, Skip, Step
+from .fixes import row as fixes_row
 from .result import Fix, Sessions, Storage
 
 MiB = 2**20
@@ -245,17 +247,19 @@ class Planner:
 
     # --- the ladder -------------------------------------------------------------------------
     def ladder(self, jv, platform: Platform, cfg: Config, rungs=LADDER, need=None):
-        """Apply rungs on top of each other until `need(cfg)` holds (default: it fits).
-        Returns (job, config, fixes, skipped). A rung that changes nothing measurable (memory
-        when fitting, step time when speeding up) is tried, reported, and not kept; shorter
-        sequences are reported untried where the memory no length lowers does not fit."""
+        """Apply rungs on top of each other until `need(cfg)` holds (default: it fits), and
+        evaluate each rung tried alone on the job as it came (`_alone`). Returns (job, config,
+        fixes, skipped). A rung that changes nothing measurable (memory when fitting, step time
+        when speeding up) is tried, reported, and not kept; shorter sequences are reported
+        untried where the memory no length lowers does not fit."""
         need = need or (lambda c: c.fits)
         speed = rungs is SPEED_LADDER
-        fixes, skipped = [], []
+        base_job, base = jv, cfg
+        fixes, skipped, no_length = [], [], False
         for rung in rungs:
             if need(cfg):
                 break
-            r = rung(jv, platform.accelerator, platform.devices)
+            r = rung(jv, platform.accelerator, platform.devices, trace=cfg.trace)
             if r is None:
                 continue
             if isinstance(r, Skip):
@@ -266,12 +270,16 @@ class Planner:
                 skipped.append(f"{r.rung}: {broken.message}")
                 continue
             mem = cfg.memory
-            if r.rung == "seq-len" and not speed and mem.floor_bytes > mem.capacity_bytes:
-                fixes.append(_untried(r, cfg, "weights, gradients and optimizer state alone need "
-                                      f"{fmt_bytes(mem.floor_bytes)} of "
-                                      f"{fmt_bytes(mem.capacity_bytes)} at any length: no "
-                                      "shorter sequence fits; not tried"))
-                break                   # the seq-len rungs are the ladder's last (fixes.py)
+            if r.rung == "seq-len" and not speed:
+                if no_length:
+                    continue
+                if mem.floor_bytes > mem.capacity_bytes:
+                    no_length = True
+                    fixes.append(_untried(r, cfg, "weights, gradients and optimizer state alone "
+                                          f"need {fmt_bytes(mem.floor_bytes)} of "
+                                          f"{fmt_bytes(mem.capacity_bytes)} at any length: no "
+                                          "shorter sequence fits; not tried"))
+                    continue
             bound = _at_most_saves(r.rung, cfg)
             if not speed and bound is not None and \
                     bound < max(KEEP_MIN_BYTES, 0.01 * cfg.used_bytes):
@@ -288,13 +296,24 @@ class Planner:
             else:   # worth its cost: it meets `need` now, or frees >= KEEP_MIN_BYTES and 1% of
                 gain = cfg.used_bytes - new.used_bytes     # the memory
                 useful = need(new) or gain >= max(KEEP_MIN_BYTES, 0.01 * cfg.used_bytes)
-            fixes.append(Fix(r.rung, r.title, r.setting, new.fits, new.micro_batch, new.grad_accum,
-                             cfg.used_bytes, new.used_bytes, cfg.time.step_time_s,
-                             new.time.step_time_s, r.changes_training,
-                             "" if useful else "no gain here; not kept"))
+            alone = None if speed else self._alone(rung, base_job, base, platform)
+            fixes.append(_fix(r, cfg, new, alone, base, "" if useful else
+                              "no gain here; not kept"))
             if useful:
                 jv, cfg = r.job, new
         return jv, cfg, fixes, skipped
+
+    def _alone(self, rung, base_job, base: Config, platform: Platform) -> Config | None:
+        """The rung applied alone to the job as it came to the ladder, at its micro-batch and
+        accumulation (None where it applies only on top of rungs before it, or the target
+        cannot run it alone)."""
+        r = rung(base_job, platform.accelerator, platform.devices, trace=base.trace)
+        if not isinstance(r, Step) or compat.violation(r.job, platform.accelerator) is not None:
+            return None
+        try:
+            return self.evaluate(r.job, platform, base.micro_batch, base.grad_accum)
+        except TrainplanError:
+            return None
 
     # --- sessions, storage, cost -----------------------------------------------------------
     def sessions(self, cfg: Config, steps: int) -> Sessions:
@@ -335,10 +354,42 @@ class Planner:
         return cost_mod.run_cost(cfg.platform, s.accelerator_s, s.finish_s)
 
 
+def fit_state(cfg: Config) -> str:
+    """fits / tight / does not fit, as the verdict reads them (memory.py, with the host's RAM)."""
+    if not cfg.fits:
+        return NO_FIT
+    return TIGHT if cfg.evaluation.tight else FITS
+
+
+def _row(rung: str) -> dict:
+    try:
+        return fixes_row(rung)
+    except StopIteration:
+        return {}
+
+
+def _fix(r, before: Config, after: Config, alone: Config | None, base: Config,
+         note: str) -> Fix:
+    """The ladder's row for rung step `r`: `before` -> `after` on top of the rungs before it,
+    and `alone` on the job as it came to the ladder (`base`)."""
+    row = _row(r.rung)
+    return Fix(r.rung, r.title, r.setting, after.fits, after.micro_batch, after.grad_accum,
+               before.used_bytes, after.used_bytes, before.time.step_time_s,
+               after.time.step_time_s, r.changes_training, note, fit_state=fit_state(after),
+               cost=row.get("cost", ""),
+               device_used_bytes_alone=alone.used_bytes if alone is not None else None,
+               saved_bytes_alone=base.used_bytes - alone.used_bytes if alone is not None else None,
+               fit_state_alone=fit_state(alone) if alone is not None else "",
+               step_time_s_alone=alone.time.step_time_s if alone is not None else None,
+               user_change=row.get("user_change", ""), source=row.get("source", ""))
+
+
 def _untried(r, cfg: Config, note: str) -> Fix:
     """The ladder's row for rung step `r` not tried on `cfg`, and why (`note`)."""
+    row = _row(r.rung)
     return Fix(r.rung, r.title, r.setting, False, None, None, cfg.used_bytes, None,
-               cfg.time.step_time_s, None, r.changes_training, note)
+               cfg.time.step_time_s, None, r.changes_training, note, cost=row.get("cost", ""),
+               user_change=row.get("user_change", ""), source=row.get("source", ""))
 
 
 def _at_most_saves(rung: str, cfg: Config) -> float | None:
@@ -347,4 +398,6 @@ def _at_most_saves(rung: str, cfg: Config) -> float | None:
     optimizer state (less when sharded or offloaded)."""
     if rung == "optimizer-8bit":
         return 0.75 * cfg.trace.optimizer_state_bytes
+    if rung == "optimizer-paged":       # its states leave what must fit (memory.py)
+        return float(cfg.trace.optimizer_state_bytes)
     return None

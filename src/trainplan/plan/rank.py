@@ -63,8 +63,10 @@ def _why_not(p: PlatformPlan, budget_usd, deadline_s) -> str:
     if changed:
         why.append("fits only by changing what is trained: " + ", ".join(changed))
     if p.verdict == TIGHT:
-        why.append(f"fits tightly ({max(0.0, p.fit_margin or 0.0):.0%} of the device free): "
-                   "prone to out-of-memory errors")
+        band = p.fit_band or {}
+        why.append(f"fits tightly ({max(0.0, p.fit_margin or 0.0):.0%} of the device free, "
+                   f"under its {band.get('p95', 0.0):.1%} error band): prone to out-of-memory "
+                   "errors")
     if p.within_budget is False:
         why.append(f"over budget: {fmt_usd(_usd(p))} > {fmt_usd(budget_usd)}")
     if p.meets_deadline is False:

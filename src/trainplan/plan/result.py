@@ -10,8 +10,9 @@ Verdicts (one per platform):
     READY               runs as the job is written (same micro-batch, strategy and settings)
     READY WITH CHANGES  runs after the changes listed in `changes` (micro-batch split,
                         DDP over the platform's devices, rungs of the fix ladder)
-    TIGHT               fits on paper but within the band of the device's capacity
-                        (predict/memory.py): prone to out-of-memory errors; `headroom` lists the
+    TIGHT               fits on paper, but not with the verdict's error band (the 95th
+                        percentile of the memory error on validated runs like it,
+                        predict/bands.py): prone to out-of-memory errors; `headroom` lists the
                         rungs that would give room without changing what is trained
     WON'T FIT           no rung of the fix ladder makes it fit (or the host, disk or session
                         cannot hold it); `reason` says what is missing
@@ -22,9 +23,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-SCHEMA_VERSION = "1.3"   # 1.1: max_micro_batch_size, required_bytes, *_label, calibration
+SCHEMA_VERSION = "1.4"   # 1.1: max_micro_batch_size, required_bytes, *_label, calibration
                          # 1.2: verdict TIGHT, fit_margin, headroom
                          # 1.3: step_phases_s; campaign (per platform and the plan's)
+                         # 1.4: fit_band, fit_probability, max_micro_batch_size_with_band;
+                         #      fixes[]: fit_state, cost, *_alone, user_change, source
 READY = "READY"
 READY_WITH_CHANGES = "READY WITH CHANGES"
 TIGHT = "TIGHT"
@@ -39,7 +42,11 @@ class Fix:
     """One rung of the fix ladder, applied on top of the rungs before it, and what re-planning
     the job with it gave. `setting` is the job change (`{"grad_checkpointing": "selective"}`);
     the `_after` figures are the re-planned micro-batch, memory and step time; the `_before`
-    figures those of the previous rung (or of the job as planned before the ladder)."""
+    figures those of the previous rung (or of the job as planned before the ladder). The
+    `_alone` figures are the rung applied alone to the job as it came to the ladder, at its
+    micro-batch: what this rung saves by itself. `fit_state` / `fit_state_alone`: fits, tight
+    or does not fit (predict/memory.py). `cost`, `user_change`, `source`: the rung's row of
+    data/fix_ladder.json."""
 
     rung: str                      # the rung id (fixes.py): "checkpointing-full", "zero3"
     title: str                     # "selective activation checkpointing"
@@ -53,6 +60,14 @@ class Fix:
     step_time_s_after: float | None
     changes_training: bool         # LoRA, QLoRA, shorter sequences: a different training run
     note: str = ""
+    fit_state: str = ""
+    cost: str = ""                 # flag | optimizer | training | data | launcher | ...
+    device_used_bytes_alone: int | None = None
+    saved_bytes_alone: int | None = None
+    fit_state_alone: str = ""
+    step_time_s_alone: float | None = None
+    user_change: str = ""
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -194,6 +209,9 @@ class PlatformPlan:
     interpolated: bool                   # figures interpolated between two traced batches
     calibration: dict = field(default_factory=dict)   # what the step time rests on
     headroom: tuple[str, ...] = ()       # TIGHT: rungs that give room without changing training
+    fit_band: dict | None = None         # the verdict's error band (predict/bands.py)
+    fit_probability: float | None = None  # share of the band's validated runs that would fit
+    max_micro_batch_size_with_band: int | None = None   # largest that fits with the band
     campaign: Campaign | None = None     # many runs (plan --runs, a campaign: block)
     rank: int | None = None
     reason: str = ""

@@ -87,6 +87,8 @@ def _device(cfg, items: list[CheckItem], fail: list[str], headroom=()) -> None:
     items.append(CheckItem("fail" if not m.fits else "warn" if m.tight else "pass",
                            f"memory per device: {fmt_bytes(used)} of {fmt_bytes(cap)} "
                            f"({room}, peak in {m.peak_phase})"))
+    if m.fits and m.band is not None:
+        items.append(CheckItem("warn" if m.tight else "info", band_text(m)))
     if not m.fits:
         fail.append(f"needs {fmt_bytes(need)} per device, has {fmt_bytes(cap)}")
     if m.tight and headroom:
@@ -97,6 +99,17 @@ def _device(cfg, items: list[CheckItem], fail: list[str], headroom=()) -> None:
             fail.append(f.message)
         elif f.severity == "warning" and not (f.kind == "memory" and headroom):
             items.append(CheckItem("warn", f.message + (f" -> {f.fix}" if f.fix else "")))
+
+
+def band_text(m) -> str:
+    """The verdict's band in one sentence: what the device holds, the error it carries and
+    what it rests on (predict/bands.py)."""
+    b = m.band
+    return (f"error band: {fmt_bytes(m.held_bytes)} held + {b.p95:.1%} = "
+            f"{fmt_bytes(m.banded_bytes)} of {fmt_bytes(m.capacity_bytes)} ("
+            f"{'fits' if not m.tight else 'crosses the capacity'}; the 95th percentile of the "
+            f"memory error on {b.rows} validated runs, {b.basis}; "
+            f"{m.fit_probability:.0%} of them would fit)")
 
 
 def _batch_and_job(p, cfg, target: int, items: list[CheckItem]) -> None:

@@ -26,7 +26,7 @@ from . import algorithms, compat
 from .allocator import rules_for
 from .calibration import BUNDLED_ONLY, Calibration
 from .findings import Finding
-from .memory import (NO_FIT, MemoryEstimate, estimate_memory, fit_band, fragmentation,
+from .memory import (NO_FIT, MemoryEstimate, estimate_memory, fragmentation,
                      fragmentation_between)
 from .target import devices, semantics_for
 from .timing import StepTime, estimate_step_time
@@ -92,9 +92,12 @@ def tight_finding(mem: MemoryEstimate, accel: Accelerator) -> Finding:
     gib = 2**30
     held = (f"the allocator must give cached memory back to run it ({mem.held_bytes / gib:.2f} "
             f"GiB with room)" if mem.fit_margin < 0 else
-            f"{mem.fit_margin:.0%} of it free, under the {fit_band():.0%} band")
+            f"{mem.fit_margin:.0%} of it free")
+    band = (f"; with the band (+{mem.band.p95:.1%}, {mem.band.basis}, {mem.band.rows} "
+            f"validated runs) it needs {mem.banded_bytes / gib:.2f} GiB, fitting "
+            f"{mem.fit_probability:.0%} of them" if mem.band is not None else "")
     return Finding("warning", f"tight: fits {accel.id}'s {mem.capacity_bytes / gib:.2f} GiB on "
-                              f"paper, with {held}; prone to out-of-memory errors in practice",
+                              f"paper, with {held}{band}; prone to out-of-memory errors",
                    "for headroom: a smaller micro-batch with more accumulation, activation "
                    "checkpointing, or `trainplan plan` for the fix ladder", kind="memory")
 
@@ -179,17 +182,16 @@ def largest_micro_batch(job, accel: Accelerator, traces: Traces,
                         limit: int = MAX_MICRO_BATCH, margin: bool = False) -> int | None:
     """The largest micro-batch b <= `limit` whose memory fits `accel` (None if 1 does not); see
     the module docstring. Other settings (accumulation, strategy, devices) are the job's.
-    `margin`: the largest that is not tight (what the device holds leaves the band free); held
-    memory (never below required: pinned segments are reserved ones) is non-decreasing in b
-    like required memory, so the same search applies."""
+    `margin`: the largest that is not tight (what the device holds, plus the verdict's band,
+    fits: memory.py); held memory (never below required: pinned segments are reserved ones) is
+    non-decreasing in b like required memory, and so is the band on it, so the same search
+    applies."""
     sem = semantics_for(job, accel)
     cap = accel.usable_memory_bytes
-    if margin:
-        cap = int(cap * (1 - fit_band()))
 
     def need(b: int) -> int:
         m = memory_at(job, accel, traces, sem, b)[2]
-        return m.held_bytes if margin else m.required_bytes
+        return max(m.banded_bytes, m.required_bytes) if margin else m.required_bytes
 
     lo, hi = anchors(job)
     if limit == 1 or need(lo) > cap:

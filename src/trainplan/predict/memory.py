@@ -42,14 +42,18 @@ device with room the allocator never releases anything, and `device_used_bytes` 
 the unconstrained reserved (nvidia-smi); where that exceeds the device but the step still fits, the
 allocator fills the device and the figure is its capacity.
 
-The verdict has a band (data/overheads.json `fit_band`, the predictor's own target error):
-`held_bytes` = context + the unconstrained reserved memory, what the device will actually hold
-after a few steps; `fit_margin` = 1 - held / capacity.
+The verdict carries the prediction's own error (bands.py: data/fit_bands.json, the 95th
+percentile of how far the prediction fell short on validated runs of the job's regime and device
+class). `held_bytes` = context + the unconstrained reserved memory, what the device will actually
+hold after a few steps; the band adds its shortfall to the allocator's part of it:
 
-    fits          fit_margin >= band
-    tight         required <= capacity, but fit_margin < band (including a step that fits only
-                  because the allocator releases its cache at the limit): OOM-prone in practice
+    fits          held + band <= capacity
+    tight         required <= capacity, but held + band > capacity (including a step that fits
+                  only because the allocator releases its cache at the limit): OOM-prone
     does not fit  required > capacity
+
+`fit_margin` = 1 - held / capacity, and `fit_probability` the share of the band's runs whose
+shortfall would still fit (bands.py).
 """
 from __future__ import annotations
 
@@ -62,8 +66,9 @@ from ..accelerators import Accelerator
 from ..strategy import DDP, DP
 from ..trace.optimizers import PAGED as PAGED_OPTIMIZERS
 from ..trace.tracer import Trace
-from . import sharding
+from . import bands, sharding
 from .allocator import CUDA, Rules, replay, rules_for
+from .sharding import largest_trainable_tensor_bytes
 
 # torch.optim optimizers whose step runs multi-tensor (foreach) on CUDA; the others in
 # trace/optimizers.py (Lion, Adafactor, 8-bit AdamW) are traced as per-parameter loops already
@@ -88,6 +93,8 @@ class MemoryEstimate:
     # weights, the optimizer states the device holds and (in the update) the gradients, in the
     # phase where they sum highest, and the runtime outside the allocator
     floor_bytes: int = 0
+    overhead_bytes: int = 0               # the runtime outside the allocator (context, NCCL)
+    band: bands.Band | None = None        # the verdict's error band (bands.py)
 
     @property
     def fits(self) -> bool:
@@ -101,9 +108,30 @@ class MemoryEstimate:
         return 1.0 - self.held_bytes / self.capacity_bytes if self.capacity_bytes else -1.0
 
     @property
+    def banded_bytes(self) -> int:
+        """What the device holds with room plus the band: what FITS must leave under capacity."""
+        if self.band is None:
+            return self.held_bytes
+        return bands.banded(self.held_bytes, self.overhead_bytes, self.band)
+
+    @property
+    def band_bytes(self) -> int:
+        return self.banded_bytes - self.held_bytes
+
+    @property
+    def fit_probability(self) -> float:
+        """Share of the band's validated runs whose shortfall would still fit (bands.py)."""
+        if not self.fits:
+            return 0.0
+        if self.band is None:
+            return 1.0 if self.held_bytes <= self.capacity_bytes else 0.0
+        return bands.fit_probability(self.held_bytes, self.overhead_bytes, self.capacity_bytes,
+                                     self.band)
+
+    @property
     def tight(self) -> bool:
-        """Fits on paper, within the band of the capacity (module docstring)."""
-        return self.fits and self.fit_margin < fit_band()
+        """Fits on paper, but the band (or the allocator's cache) crosses the capacity."""
+        return self.fits and self.banded_bytes > self.capacity_bytes
 
     @property
     def fit_state(self) -> str:
@@ -115,11 +143,6 @@ class MemoryEstimate:
 
 
 FITS, TIGHT, NO_FIT = "fits", "tight", "does not fit"
-
-
-def fit_band() -> float:
-    """The verdict's band: a job leaving less than this fraction of the device free is tight."""
-    return float(overheads()["fit_band"]["value"])
 
 
 @dataclass(frozen=True)
@@ -171,16 +194,6 @@ def framework_overhead_bytes(accel: Accelerator, rt: Runtime | None = None,
     nccl = o["nccl_buffers_bytes"]["value"]
     comm = 0 if devices < 2 else nccl["2"] if devices == 2 else nccl["3+"]
     return int(o[key]["value"]) + int(comm)
-
-
-def largest_trainable_tensor_bytes(trace: Trace) -> int:
-    """Bytes of the largest trainable parameter tensor (bounded by the largest leaf module's
-    trainable parameters: a leaf holds one weight and maybe a bias), in the trainable dtype."""
-    parents = {m.name.rsplit(".", 1)[0] for m in trace.modules if "." in m.name}
-    leaves = [m for m in trace.modules if m.name != "(total)" and m.name not in parents]
-    largest = max((m.trainable_params for m in leaves), default=trace.params_trainable)
-    per_param = trace.trainable_param_bytes / max(1, trace.params_trainable)
-    return int(largest * per_param)
 
 
 SOFTMAX_OPS = ("_softmax", "_log_softmax")
@@ -304,15 +317,26 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
     devices = max(1, job.gpus) * accel.devices_per_unit
     paged_states = job.optimizer in PAGED_OPTIMIZERS
     fixed = 0
+    candidates, stream_held = [], {}
     for phase, (_total, cats) in phases.items():
         # torch_xla all-reduces gradients in place (no DDP bucket copies)
         t = _transform(cats, job, trace, phase, rt, devices, ddp_buckets=accel.kind != "tpu")
-        if best is None or sum(t.values()) > sum(best.values()):
-            best_phase, best = phase, t
+        stream_held[phase] = t.pop(sharding.STREAM_HELD, 0)
+        candidates.append((phase, t))
         # what this phase holds at any sequence length and micro-batch: the weights, the
         # optimizer states the device holds, and during the update every gradient
         fixed = max(fixed, t["weights"] + (0 if paged_states else t["optimizer_states"])
                     + (t["gradients"] if phase == "optimizer" else 0))
+        saving = sharding.checkpoint_phase(t, job, trace, devices) if phase == "optimizer" \
+            else None
+        if saving is not None:       # a sharded checkpoint gathered when it is saved
+            candidates.append(("checkpoint", {k: int(v) for k, v in saving.items()}))
+            fixed = max(fixed, int(sum(saving.values())) - (saving["optimizer_states"]
+                                                            if paged_states else 0))
+    for phase, t in candidates:
+        if best is None or sum(t.values()) > sum(best.values()):
+            best_phase, best = phase, t
+    held_extra = stream_held.get(best_phase, 0)
     allocated = sum(best.values())
     # paged optimizer states live in CUDA unified memory, outside the caching allocator: on the
     # device while there is room, paged to host RAM by the driver when it runs short
@@ -321,8 +345,8 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
     # the single-device replay's fragmentation, scaled to what this strategy's device holds
     frag = frag or fragmentation(trace, rules_for(accel.backend))
     share = allocated / trace.peak_allocated_bytes if trace.peak_allocated_bytes else 1.0
-    reserved = allocated + int(frag.reserved * min(1.0, share))
-    needed = allocated + int(frag.pinned * min(1.0, share))
+    reserved = allocated + int(frag.reserved * min(1.0, share)) + held_extra
+    needed = allocated + int(frag.pinned * min(1.0, share)) + held_extra
     overhead = framework_overhead_bytes(accel, rt, devices)
     gpu0_extra = 0
     if job.strategy is DP and job.gpus > 1:
@@ -348,7 +372,8 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
         breakdown_bytes=breakdown, peak_phase=best_phase,
         host_ram_bytes=_host_ram(trace, job, accel), gpu0_extra_bytes=gpu0_extra,
         held_bytes=reserved + gpu0_extra + overhead,      # paged states never cause an OOM
-        floor_bytes=fixed + overhead)
+        floor_bytes=fixed + overhead, overhead_bytes=overhead,
+        band=bands.band_for(job, accel, moe=bool(trace.expert_param_bytes)))
 
 
 def _replay_once(trace: Trace, rules: Rules = CUDA) -> tuple[int, int, int]:

@@ -13,9 +13,16 @@ PyTorch FSDP, FULL_SHARD with the blocks wrapped (FSDP1 and FSDP2 alike):
                                                forward to the end of backward
                                              + 2 units in flight (the one computing, the one
                                                all-gathered ahead), unsharded, compute dtype
-    backward                                 + the current unit's unsharded gradient
+                                               (packed quantised weights as stored)
+                                             + reserved only (FSDP1): up to 2 units freed with
+                                               record_stream that the allocator cannot reuse yet
+    backward                                 + the current unit's unsharded gradient, and the
+                                               previous one's under reduce-scatter
     with gradient accumulation               + every unsharded gradient (no_sync: accelerate and
                                                the HF Trainer accumulate full gradients)
+    saving a checkpoint (FULL_STATE_DICT,     weights and optimizer states / N, no gradients,
+    accelerate's FSDP1 default)              + the largest unit gathered in the stored dtype and
+                                               its local shard copied: unit x (1 + 1/N)
 
 DeepSpeed ZeRO (fp16/bf16 enabled: the model itself is cast to 16 bits, no autocast copies; the
 ZeRO optimizer keeps fp32 master weights, counted with the optimizer states as the ZeRO paper's
@@ -94,8 +101,18 @@ def _expert_parallel(c: dict[str, float], job, trace) -> None:
         c["optimizer_states"] *= 1 - t * cut
 
 
+def _fsdp_units(job, trace) -> tuple[float, float]:
+    """(largest unit, root unit) as FSDP all-gathers them: in the compute dtype, packed quantised
+    weights as stored (tracer.py `_unit_bytes`); traces without those figures scale the stored
+    bytes by compute / stored."""
+    half = job.precision.compute_bytes / _stored_bytes(trace)
+    unit = trace.largest_block_gathered_bytes or trace.largest_block_param_bytes * half
+    root = trace.root_gathered_bytes or trace.root_param_bytes * half
+    return float(unit), float(root)
+
+
 def _fsdp(c: dict[str, float], job, trace, phase: str, n: int) -> None:
-    half = job.precision.compute_bytes / _stored_bytes(trace)   # gathered in the compute dtype
+    half = job.precision.compute_bytes / _stored_bytes(trace)
     trainable = trace.trainable_param_bytes / max(1, trace.weight_bytes)
     c["weights"] /= n
     c["gradients"] /= n
@@ -104,13 +121,54 @@ def _fsdp(c: dict[str, float], job, trace, phase: str, n: int) -> None:
         c["temporaries"] /= n
         c["weight_casts"] = 0
         return
-    unit = trace.largest_block_param_bytes * half
-    root = trace.root_param_bytes * half
+    unit, root = _fsdp_units(job, trace)
     c["weight_casts"] = root + value("fsdp_units_in_flight") * unit
+    c[STREAM_HELD] = value("fsdp_pending_free_units") * unit
     if phase == "backward":
-        c["gradients"] += unit * trainable
+        c["gradients"] += (1 + value("fsdp_reduce_scatter_units_in_flight")) * unit * trainable
     if job.grad_accum > 1 and value("fsdp_no_sync_with_accumulation"):
         c["gradients"] += trace.trainable_param_bytes * half
+
+
+# bytes the caching allocator holds reserved but not allocated at a phase's peak (blocks freed
+# with record_stream on another stream): they count in what the device must hold, not in
+# max_memory_allocated (memory.py)
+STREAM_HELD = "stream_held"
+
+
+def checkpoint_phase(c: dict[str, float], job, trace, n: int) -> dict[str, float] | None:
+    """What one device holds while a checkpoint is saved, from the optimizer phase's categories
+    on that device (`c`): None where saving gathers nothing (module docstring; data/sharding.json
+    `fsdp_full_state_dict_on_save`)."""
+    if job.strategy is not FSDP or n < 2 or not value("fsdp_full_state_dict_on_save"):
+        return None
+    unit = float(max(trace.largest_block_param_bytes, trace.root_param_bytes))
+    out = dict.fromkeys(c, 0.0)
+    out["weights"], out["optimizer_states"] = c["weights"], c["optimizer_states"]
+    out["temporaries"] = unit * (1 + 1 / n)
+    return out
+
+
+def largest_trainable_tensor_bytes(trace) -> int:
+    """Bytes of the largest trainable parameter tensor (bounded by the largest leaf module's
+    trainable parameters: a leaf holds one weight and maybe a bias), in the trainable dtype."""
+    parents = {m.name.rsplit(".", 1)[0] for m in trace.modules if "." in m.name}
+    leaves = [m for m in trace.modules if m.name != "(total)" and m.name not in parents]
+    largest = max((m.trainable_params for m in leaves), default=trace.params_trainable)
+    per_param = trace.trainable_param_bytes / max(1, trace.params_trainable)
+    return int(largest * per_param)
+
+
+def _engine_weights(c_weights: float, trace, b: int, stored: float) -> float:
+    """The weights once DeepSpeed's engine has cast the module to `b` bytes (fp16/bf16 enabled:
+    engine.py:1224-1237 `module.half()` / `.bfloat16()`, which casts floating-point tensors
+    only): every floating-point weight in b bytes, packed quantised weights (uint8) as they are.
+    Scaled to the share of the weights live at this phase. Traces without the split scale all
+    weights by b / stored."""
+    if not (trace.floating_weight_elements or trace.packed_weight_bytes):
+        return c_weights * b / stored
+    cast = trace.packed_weight_bytes + trace.floating_weight_elements * b
+    return c_weights * cast / max(1, trace.weight_bytes)
 
 
 def _buckets(trace) -> tuple[float, float]:
@@ -133,14 +191,19 @@ def _zero(c: dict[str, float], job, trace, phase: str, n: int) -> None:
     states = c["optimizer_states"] * (4 / stored if job.precision.pure_half else 1.0)
     master = p_t * value("zero_master_bytes_per_param") if b == 2 else 0
     c["optimizer_states"] = (states + master) / n
-    c["weights"] *= b / stored
+    c["weights"] = _engine_weights(c["weights"], trace, b, stored)
     live = c["gradients"] / max(1, trace.gradient_bytes)    # share of gradients live at this peak
     bucket_elements, prefetch = _buckets(trace)
     bucket = bucket_elements * b
+    # ZeRO-Offload (stages 1-2): the gradient partition lives in pinned host memory; the device
+    # keeps one parameter's gradient buffer (stage_1_and_2.py:473-485
+    # temp_grad_buffer_for_gpu_offload, the size of the largest parameter) beside the bucket
+    offload = job.offload != "none" and s is not ZERO3
+    partition = largest_trainable_tensor_bytes(trace) * b / stored if offload else b * p_t / n
     if s is ZERO1 and phase in FWD_BWD:      # reduced into the partition at the boundary
-        c["gradients"] = live * b * p_t + b * p_t / n
+        c["gradients"] = live * b * p_t + partition
     else:
-        c["gradients"] = b * p_t / n
+        c["gradients"] = partition
     if phase == "backward" or s is ZERO3:
         c["gradients"] += bucket
     c["weight_casts"] = 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..accelerators import Accelerator
+from ..models.hf_names import EAGER_BEFORE_SDPA_PORT, model_type
 from ..trace.semantics import KernelSemantics, attention_backend_for
 from ..trace.tracer import autocast_dtype
 
@@ -40,9 +41,22 @@ def fp8_transpose(accel: Accelerator) -> bool:
     return not (10.0 <= cc < 12.0 or cc >= 13.0)
 
 
+def eager_by_default(job) -> bool:
+    """A T5-family model asked to run SDPA or left to the default: transformers ran it eager
+    before its SDPA port, and a fit verdict has to hold on those releases too
+    (models/hf_names.py EAGER_BEFORE_SDPA_PORT). `--attention efficient` (or math) plans the
+    SDPA path of a release that has it."""
+    return job.attention in ("auto", "sdpa", "flash") and \
+        model_type(job.model) in EAGER_BEFORE_SDPA_PORT
+
+
 def semantics_for(job, accel: Accelerator) -> KernelSemantics:
     """What the accelerator's kernels do for this job (see trace/semantics.py)."""
     autocast = autocast_dtype(job.precision)
+    if eager_by_default(job):
+        return KernelSemantics(attention="eager", autocast_dtype=autocast if accel.kind != "tpu"
+                               or autocast is None else torch.bfloat16,
+                               channels_last=bool(job.channels_last))
     if accel.kind == "tpu":
         autocast = torch.bfloat16 if autocast is not None else None
         attention = "efficient" if job.attention in ("auto", "sdpa", "flash") else job.attention

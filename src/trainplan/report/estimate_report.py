@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from ..plan.verdict import FITS, NO_FIT, estimate_verdict
+from ..plan.verdict import FITS, NO_FIT, band_text, estimate_verdict
 from ..units import (fmt_bytes, fmt_count, fmt_int, fmt_note, fmt_phases, fmt_rate, fmt_seconds,
                      key_label)
 from .console import console
@@ -39,9 +39,11 @@ def estimate_text(est) -> None:
         ("capacity", m.capacity_bytes)]))
     c.print(f"free on the device: {m.fit_margin:.1%} of its capacity"
             + (" (the allocator must release its cache)" if m.fit_margin < 0 and m.fits else ""))
+    if m.band is not None and m.fits:
+        c.print(escape(band_text(m)))
     c.print(f"largest micro-batch that fits: {fmt_int(est.max_batch_size) if est.max_batch_size else 'none'}"
             + ("" if est.max_batch_size is None else
-               f"; with headroom: {fmt_int(est.max_batch_size_with_margin) if est.max_batch_size_with_margin else 'none'}"))
+               f"; fits with the band: {fmt_int(est.max_batch_size_with_margin) if est.max_batch_size_with_margin else 'none'}"))
     if t is not None:
         c.print(f"step time {fmt_seconds(t.step_time_s)} ({job.grad_accum} micro-batch(es)), "
                 f"{fmt_rate(t.samples_per_s)} samples/s"

@@ -23,7 +23,7 @@ from .console import Col, console as default_console, fit_table
 from ..plan.extras import ReportExtras
 from .plan_document import document
 from .plan_tables import (CAMPAIGN, COST, PERFORMANCE, SESSIONS, VERDICTS, Column,
-                          campaign_lines, campaign_rows, chosen_index,
+                          campaign_lines, campaign_rows, chosen_index, fix_line,
                           fmt_by_key, memory_columns, phase_columns, platform_rows, rows)
 from ..plan.verdict import headline
 from ..units import fmt_note, fmt_int, fmt_seconds, fmt_usd, key_label
@@ -130,11 +130,7 @@ def _problems(doc: dict, limit: int) -> list:
         out.append(f"[bold]{escape(p['platform_id'])}[/bold]: {_styled(p['verdict'])}")
         lines = []
         for f in p["fixes"]:
-            state = "fits" if f["fits"] else "does not fit yet"
-            mb = f["micro_batch_size"]
-            result = f"micro-batch {fmt_int(mb)}, {state}" if mb is not None else "not planned"
-            lines.append(("fix:", escape(f"{f['title']} -> {result}"
-                                         + (f" ({f['note']})" if f["note"] else ""))))
+            lines.append(("fix:", escape(fix_line(f))))
         lines += [(MARK[c["status"]], escape(c["text"])) for c in issues]
         out.append(_items(lines + infos))
     return out

@@ -281,16 +281,35 @@ def campaign_lines(doc: dict) -> list[str]:
 FIXES = (
     Column("rung", "rung", T, align=L),
     Column("change", "title", T, align=L),
-    Column("fits", "fits", "bool"),
-    Column("micro-batch", "micro_batch_size", "int"),
-    Column("accum", "grad_accum", "int"),
+    Column("cost to you", "cost", T, align=L),
+    Column("saves alone", "saved_bytes_alone", "bytes"),
+    Column("alone", "fit_state_alone", T, align=L),
     Column("memory before", "device_used_bytes_before", "bytes"),
     Column("memory after", "device_used_bytes_after", "bytes"),
+    Column("then", "fit_state", T, align=L),
+    Column("micro-batch", "micro_batch_size", "int"),
+    Column("accum", "grad_accum", "int"),
     Column("step before", "step_time_s_before", "s"),
     Column("step after", "step_time_s_after", "s"),
     Column("changes training", "changes_training", "bool"),
     Column("note", "note", T, align=L),
 )
+
+
+def fix_line(f: dict) -> str:
+    """One rung of a platform's ladder in a sentence: its own saving, then the state with the
+    rungs before it. 'fits' only where that state fits (predict/memory.py)."""
+    alone = ""
+    saved = f.get("saved_bytes_alone")
+    if saved is not None:
+        alone = (f": alone {'saves' if saved >= 0 else 'adds'} {fmt_bytes(abs(saved))} "
+                 f"({f['fit_state_alone'] or '-'})")
+    mb = f["micro_batch_size"]
+    state = f.get("fit_state") or ("fits" if f["fits"] else "does not fit")
+    then = (f"; with the rungs before, micro-batch {fmt_int(mb)}, {state}" if mb is not None
+            else "; not planned")
+    return f"{f['title']}{alone}{then}" + (f" ({f['note']})" if f["note"] else "")
+
 
 # what the reports say where a plan has no memory curve (plan/extras.py `memory_curve`)
 NO_CURVE = ("No curve: memory at other micro-batches than the plan's own would need traces the "

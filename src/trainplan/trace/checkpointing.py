@@ -7,9 +7,13 @@ job says otherwise (Job.reentrant_checkpointing):
 
 * full: only the block's inputs are kept; everything inside is recomputed in backward
   (Korthikanti et al. 2022: 2sbh per layer remains for a transformer, the layer input);
-* selective: PyTorch's selective activation checkpointing keeps the outputs of matmuls and
-  attention kernels (FP8 GEMMs, `_scaled_mm`, too, as torchtitan's save list has them) and
-  recomputes the cheap pointwise ops, norms and dropout (the policy torchtitan calls "op" SAC).
+* selective: PyTorch's selective activation checkpointing with torchtitan's "op" policy
+  (pytorch/torchtitan `_apply_ac_to_transformer_block`, its `_save_list` and `_custom_policy`,
+  as at the 2024-12 benchmark's commit 9dec370 and since): it keeps the outputs of the attention kernels and of every
+  other `aten.mm` (the count runs per block, separately for the forward and the backward's
+  rerun: "Saves output of all compute ops, except every second mm") and recomputes the rest:
+  the other matmuls, pointwise ops, norms and dropout. FP8 GEMMs (`aten._scaled_mm`) count
+  as mm, as torchtitan's save list has them.
 
 Reentrant checkpointing runs the block's forward without autograd, so nothing an autograd
 Function stores on its ctx outlives the forward (bitsandbytes' MatMul4Bit keeps its input there).
@@ -27,14 +31,24 @@ import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 aten = torch.ops.aten
-_SAVE = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
-         aten.convolution.default, aten._scaled_mm.default,      # _scaled_mm: FP8 GEMMs
+# torchtitan's `_save_list` (its reduce_scatter and max entries concern tensor parallelism and
+# float8 amax; a trace has neither): mm outputs every other time (FP8 GEMMs, `_scaled_mm`,
+# as mm), the attention kernels always
+_MM = {aten.mm.default, aten._scaled_mm.default}
+_SAVE = {*_MM,
          aten._scaled_dot_product_flash_attention.default,
          aten._scaled_dot_product_efficient_attention.default}
 
 
-def _sac_policy(ctx, op, *args, **kwargs):
-    return CheckpointPolicy.MUST_SAVE if op in _SAVE else CheckpointPolicy.PREFER_RECOMPUTE
+def _sac_policy(counts: dict):
+    """torchtitan's op-level policy for one block: `counts` holds its mm count per mode."""
+    def policy(ctx, op, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if op in _MM:
+            counts[mode] = counts.get(mode, 0) + 1
+        save = op in _SAVE and not (op in _MM and counts[mode] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+    return policy
 
 
 def _outermost(model: nn.Module, pick) -> list[tuple[str, nn.Module]]:
@@ -115,7 +129,10 @@ def apply_checkpointing(model: nn.Module, mode: str, recompute_context=None,
                     return __orig(*args, **kwargs)
             return __orig(*args, **kwargs)
 
-        ctx = functools.partial(create_selective_checkpoint_contexts, _sac_policy) \
+        # a fresh count for every forward (and its rerun): torchtitan keeps one per block across
+        # steps, so with an odd number of mms a block saves (n+1)/2 and (n-1)/2 in turn; the
+        # trace takes the larger, the step's peak, and every block alike
+        ctx = (lambda: create_selective_checkpoint_contexts(_sac_policy({}))) \
             if mode == "selective" else None
 
         def wrapped(*args, __run=run, __ctx=ctx, **kwargs):

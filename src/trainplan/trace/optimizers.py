@@ -9,8 +9,10 @@ Two optimizers torch lacks are emulated with their state layout:
 * Lion (Chen et al. 2023): one momentum buffer in the parameter dtype; update
   sign(b1 m + (1 - b1) g), then m = b2 m + (1 - b2) g.
 * 8-bit AdamW (bitsandbytes, Dettmers et al. 2022): two uint8 states per parameter plus one fp32
-  absmax per 2048-element block ("block-wise quantization"); tensors under 4096 elements keep fp32
-  states (bnb's min_8bit_size). The fused kernel updates in place: no whole-group temporaries.
+  absmax per block ("block-wise quantization": 256 elements from bitsandbytes 0.45,
+  bitsandbytes/optim/optimizer.py Optimizer2State.init_state `blocksize = 256`; 2048 up to
+  0.44); tensors under 4096 elements keep fp32 states (bnb's min_8bit_size). The fused kernel
+  updates in place: no whole-group temporaries.
 * Paged AdamW (bitsandbytes `PagedAdamW` / `PagedAdamW8bit`, Dettmers et al. 2023, section 3,
   "Paged Optimizers"): the same state layout as AdamW 32-bit (two fp32 states a parameter, fused
   in-place update) or 8-bit, allocated in CUDA unified memory, outside PyTorch's caching
@@ -76,7 +78,7 @@ class AdamW32bitFused(torch.optim.Optimizer):
 class AdamW8bit(AdamW32bitFused):
     """bitsandbytes' 8-bit AdamW: uint8 states with an fp32 absmax per block (module docstring)."""
 
-    BLOCK = 2048
+    BLOCK = 256              # bitsandbytes >= 0.45 (2048 before)
     MIN_8BIT_SIZE = 4096
 
     def _init_state(self, p, state: dict) -> None:

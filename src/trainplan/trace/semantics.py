@@ -42,6 +42,14 @@ class KernelSemantics:
     fp8: the FP8 training recipe the linears run (trace/fp8.py), None without.
     fp8_transpose: the GPU keeps FP8 transposes beside the data (Transformer Engine on GPUs
         without non-TN FP8 GEMMs: Hopper, Ada, sm120).
+    bnb4_keeps_input: bitsandbytes before 0.43.2, whose 4-bit matmul kept every input for
+        backward (quantization.py); False is today's release.
+    efficient_gqa: PyTorch's memory-efficient kernel takes grouped-query attention
+        (`enable_gqa=True` with fewer K/V heads): from pytorch/pytorch#191085 (July 2026, torch
+        2.13). Before it only flash did, so a GQA call flash cannot take (fp32, a mask, a head
+        dim over 256) fell to the math path, which materialises the scores (pytorch/pytorch#
+        139586; sdp_utils.cpp check_batch_size_and_num_heads_dense). False: the releases in
+        common use (torch <= 2.12), what the measured H100/H200 runs (torch 2.11) ran.
     """
 
     attention: str = "efficient"
@@ -51,9 +59,12 @@ class KernelSemantics:
     optimizer_foreach: bool = True
     fp8: str | None = None
     fp8_transpose: bool = False
+    bnb4_keeps_input: bool = False
+    efficient_gqa: bool = False
 
     def key(self) -> tuple:
-        base = (self.attention, str(self.autocast_dtype), self.fused_dropout, self.channels_last)
+        base = (self.attention, str(self.autocast_dtype), self.fused_dropout, self.channels_last,
+                self.bnb4_keeps_input, self.efficient_gqa)
         extra = (("loop",) if not self.optimizer_foreach else ()) + \
             ((f"fp8:{self.fp8}:{int(self.fp8_transpose)}",) if self.fp8 else ())
         return base + extra
@@ -141,6 +152,12 @@ class TargetSemantics(TorchFunctionMode):
         self._on_weight_cast = on_weight_cast
         self._inside = 0
         self.flash_eligible = 0     # SDPA calls the flash kernel would take (see `_sdpa`)
+        # SDPA calls given a float mask or bias, and those whose bias needs a gradient (T5's
+        # relative position bias on transformers' SDPA path): flash refuses any mask, cuDNN one
+        # that requires grad (sdp_utils_cpp.h check_attn_mask_shape); the memory-efficient kernel
+        # takes it and, in backward, writes the bias gradient in the expanded (b, heads, s, s)
+        self.float_mask_calls = 0
+        self.bias_grad_calls = 0
 
     def clear_cast_cache(self) -> None:
         """Autocast drops its weight-cast cache when the autocast region exits (end of forward)."""
@@ -219,7 +236,11 @@ class TargetSemantics(TorchFunctionMode):
 
     def _sdpa(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
               enable_gqa=False):
-        if k.shape[-3] != q.shape[-3] and q.dim() == 4:  # grouped-query: expand K/V heads
+        if attn_mask is not None and attn_mask.is_floating_point():
+            self.float_mask_calls += 1
+            self.bias_grad_calls += bool(attn_mask.requires_grad)
+        gqa = k.shape[-3] != q.shape[-3] and q.dim() == 4
+        if gqa:                                          # grouped-query: expand K/V heads
             rep = q.shape[-3] // k.shape[-3]
             k = k.repeat_interleave(rep, dim=-3)
             v = v.repeat_interleave(rep, dim=-3)
@@ -229,6 +250,10 @@ class TargetSemantics(TorchFunctionMode):
             # the only place "flash" and "efficient" semantics part: a step where no call is
             # flash_ok runs the same ops either way (predict/traces.py shares such traces)
             self.flash_eligible += 1
+        takes_flash = backend == "flash" and flash_ok
+        if gqa and enable_gqa and not takes_flash and not self.sem.efficient_gqa and \
+                backend in ("flash", "efficient"):
+            backend = "math"     # only flash took enable_gqa before torch 2.13 (KernelSemantics)
         if backend == "flash" and not flash_ok:
             # PyTorch's dispatcher: flash takes no arbitrary mask and only fp16/bf16 inputs
             backend = "efficient"

@@ -125,6 +125,14 @@ class Trace:
     trace_seconds: float
     notes: list[str] = field(default_factory=list)
     root_param_bytes: int = 0         # parameters outside the repeated blocks (FSDP's root unit)
+    # the same two as FSDP all-gathers them: floating-point parameters in the compute dtype
+    # (MixedPrecision's param_dtype), packed quantised weights as they are (0: not known)
+    largest_block_gathered_bytes: int = 0
+    root_gathered_bytes: int = 0
+    # of weight_bytes: the non-floating part (packed 4-bit / 8-bit weights and their state) and
+    # the elements of the floating part (tracer.py `dtype_split`)
+    packed_weight_bytes: int = 0
+    floating_weight_elements: int = 0
     expert_param_bytes: int = 0       # MoE experts' parameters as stored (trace/moe.py)
     expert_trainable_bytes: int = 0
     moe_dispatch_elements: int = 0    # T x k x hidden over MoE layers: one all-to-all's payload
@@ -190,8 +198,10 @@ def _materialise(model: torch.nn.Module, counter: StepCounter,
     counter.block = -1
 
 
-def prepare_model(job, bundle: ModelBundle) -> tuple[list[str], list[str]]:
-    """Precision, LoRA/QLoRA, frozen prefixes and checkpointing, applied on the meta model."""
+def prepare_model(job, bundle: ModelBundle, semantics: KernelSemantics | None = None
+                  ) -> tuple[list[str], list[str]]:
+    """Precision, LoRA/QLoRA, frozen prefixes and checkpointing, applied on the meta model.
+    `semantics`: the target's kernels (which bitsandbytes release: quantization.py)."""
     model = bundle.module
     # AMP keeps fp32 master weights whatever dtype the config was published in
     model.to(stored_dtype(job.precision))
@@ -201,7 +211,8 @@ def prepare_model(job, bundle: ModelBundle) -> tuple[list[str], list[str]]:
         adapter = stored_dtype(job.precision)
         with torch.device("meta"):
             lora_names = apply_lora(model, job.lora.rank, job.lora.alpha, job.lora.targets,
-                                    job.lora.dropout, job.quantize, compute, adapter)
+                                    job.lora.dropout, job.quantize, compute, adapter,
+                                    old_bnb4=bool(semantics and semantics.bnb4_keeps_input))
     for prefix in job.frozen:
         hit = False
         for name, p in model.named_parameters():
@@ -211,7 +222,31 @@ def prepare_model(job, bundle: ModelBundle) -> tuple[list[str], list[str]]:
         if not hit:
             raise TrainplanError(f"frozen: {prefix!r} matches no parameter of {bundle.name}.",
                                  fix="run `trainplan inspect` to see parameter names")
+    half_frozen(model, job)
     return lora_names, []
+
+
+def half_frozen(model: torch.nn.Module, job) -> int:
+    """Store frozen floating-point parameters in the 16-bit dtype as `job.frozen_half` says (under
+    mixed precision only: elsewhere they are stored as the job computes). "embeddings": the
+    input embeddings and the output head (TRL's `peft_module_casting_to_bf16`: norms stay fp32);
+    "all": every frozen parameter (loaded with torch_dtype=bf16/fp16, never upcast). Returns the
+    parameters cast (quantization.py has the sources)."""
+    from ..models.lora import HEADS
+    if job.frozen_half == "none" or not job.precision.amp:
+        return 0
+    half = compute_dtype(job.precision)
+    cast = 0
+    for name, m in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if job.frozen_half == "embeddings" and not (
+                isinstance(m, torch.nn.Embedding) or (leaf in HEADS and hasattr(m, "weight"))):
+            continue
+        for p in m.parameters(recurse=False):
+            if not p.requires_grad and p.is_floating_point() and p.dtype != half:
+                p.data = p.data.to(half)
+                cast += p.numel()
+    return cast
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
@@ -268,7 +303,7 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
     stack = cut(bundle.module, depth) if depth else None
     bundle.notes.extend(moe.configure(bundle.module, routing or moe.routing_for(job),
                                       moe.top_k_of(getattr(bundle.module, "config", None))))
-    lora_names, _ = prepare_model(job, bundle)
+    lora_names, _ = prepare_model(job, bundle, semantics)
     model = bundle.module
     model.train()
     counter = StepCounter()
@@ -334,6 +369,11 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
     finally:
         gc.enable()
 
+    if sem.bias_grad_calls:
+        bundle.notes.append(f"{sem.bias_grad_calls} attention calls a step take a float bias "
+                            "that needs a gradient: PyTorch refuses flash and cuDNN for them and "
+                            "runs the memory-efficient kernel, which writes the bias gradient "
+                            "(b x heads x s x s) in backward")
     return _summarise(job, bundle, semantics, batch, counter, model, grad_bytes, state_bytes,
                       activation_bytes, weight_cast_bytes, act_by_module, blocks, lora_names,
                       time.perf_counter() - t0, stack, sem.flash_eligible, last_block)
@@ -346,6 +386,15 @@ def stored_bytes(module: torch.nn.Module) -> int:
         sum(b.numel() * b.element_size() for b in module.buffers())
 
 
+def dtype_split(module: torch.nn.Module) -> tuple[int, int]:
+    """(bytes of the parameters and buffers that are not floating point: packed quantised
+    weights and their quantisation state, which a dtype cast leaves alone; elements of the
+    floating-point ones, which DeepSpeed's 16-bit engine casts: plan/fixes.py, sharding.py)."""
+    tensors = list({id(p): p for p in module.parameters()}.values()) + list(module.buffers())
+    packed = sum(t.numel() * t.element_size() for t in tensors if not t.is_floating_point())
+    return packed, sum(t.numel() for t in tensors if t.is_floating_point())
+
+
 def _last_block(block: torch.nn.Module, counter: StepCounter) -> dict[str, float]:
     """What the last block of a cut stack adds to the trace's totals (what one more alike block
     adds: predict/depth.py `extend`): its parameters, their bytes as stored, trainable, as
@@ -355,8 +404,10 @@ def _last_block(block: torch.nn.Module, counter: StepCounter) -> dict[str, float
     uniq = {id(p): p for p in block.parameters()}.values()
     live = counter.last_block_live
     trainable_bytes = sum(p.numel() * p.element_size() for p in uniq if p.requires_grad)
+    packed, floating = dtype_split(block)
     return {"params_total": total, "params_trainable": trainable,
             "weight_bytes": stored_bytes(block), "trainable_param_bytes": trainable_bytes,
+            "packed_weight_bytes": packed, "floating_weight_elements": floating,
             "gradient_bytes": trainable_bytes,
             "optimizer_state_bytes": counter.live_by_block("optimizer_states", counter.last_block),
             "activation_bytes": live.get("activations", 0),
@@ -497,8 +548,10 @@ def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_
     if counter.unknown_flop_ops:
         notes.append("FLOPs not counted for: " + ", ".join(sorted(counter.unknown_flop_ops)))
     if job.quantize.on:
-        notes.append(_quantized_note(job, model))
+        notes.append(_quantized_note(job, model, stack))
     units = _unit_bytes(model)
+    gathered = _unit_bytes(model, compute_dtype(job.precision))
+    packed, floating = dtype_split(model)
     experts = moe.expert_footprint(model, batch * (bundle.tokens_per_sample or 1),
                                    moe.top_k_of(getattr(model, "config", None)))
     return Trace(
@@ -513,6 +566,8 @@ def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_
         phase_peaks={k: (v[0], {c: int(v[1].get(c, 0)) for c in CATEGORIES})
                      for k, v in counter.phase_peaks.items()},
         largest_block_param_bytes=units[0], root_param_bytes=units[1],
+        largest_block_gathered_bytes=gathered[0], root_gathered_bytes=gathered[1],
+        packed_weight_bytes=packed, floating_weight_elements=floating,
         expert_param_bytes=experts[0], expert_trainable_bytes=experts[1],
         moe_dispatch_elements=experts[2], hidden_size=_hidden_size(job, model),
         flops=flops, bytes_moved=moved,
@@ -527,18 +582,26 @@ def _summarise(job, bundle, semantics, batch, counter: StepCounter, model, grad_
         last_block=last_block)
 
 
-def _unit_bytes(model) -> tuple[int, int]:
+def _unit_bytes(model, gathered_in: torch.dtype | None = None) -> tuple[int, int]:
     """(parameter bytes of the largest repeated block, what FSDP/ZeRO-3 gathers at a time;
     parameter bytes outside every block: embeddings, final norm, output head, what an FSDP wrap
     of the blocks leaves to the root unit, predict/sharding.py). Without blocks both are the
-    whole model."""
+    whole model. `gathered_in`: count floating-point parameters at most this wide, as a
+    MixedPrecision all-gather casts them; packed quantised weights (uint8, or bf16 storage with
+    bnb_4bit_quant_storage) are gathered as they are."""
     from .checkpointing import find_blocks
+
+    def nbytes(p) -> int:
+        size = p.element_size()
+        if gathered_in is not None and p.is_floating_point():
+            size = min(size, torch.finfo(gathered_in).bits // 8)
+        return p.numel() * size
     blocks = find_blocks(model)
-    largest = max((sum(p.numel() * p.element_size() for p in b.parameters()) for _, b in blocks),
-                  default=sum(p.numel() * p.element_size() for p in model.parameters()))
+    largest = max((sum(nbytes(p) for p in b.parameters()) for _, b in blocks),
+                  default=sum(nbytes(p) for p in model.parameters()))
     inside = {id(p) for _, b in blocks for p in b.parameters()}
     uniq = {id(p): p for p in model.parameters()}
-    return largest, sum(p.numel() * p.element_size() for i, p in uniq.items() if i not in inside)
+    return largest, sum(nbytes(p) for i, p in uniq.items() if i not in inside)
 
 
 def _hidden_size(job, model) -> int:
@@ -552,23 +615,35 @@ def _hidden_size(job, model) -> int:
     return int(h) if isinstance(h, int) else 0
 
 
-def _quantized_note(job, model) -> str:
-    """What QLoRA stores: the quantised weights with their state, and the rest in its dtype."""
+def _quantized_note(job, model, stack: Stack | None = None) -> str:
+    """What QLoRA stores, for the whole model: the quantised weights with their state, and the
+    rest in its dtype. A cut trace (trace/depth.py) holds `stack.traced` of the `stack.blocks`
+    alike blocks: what lies in them counts blocks / traced times."""
     from ..models.lora import QuantizedWeight
     from ..units import fmt_bytes, fmt_count
+    inside: set[int] = set()
+    scale = 1.0
+    if stack is not None:
+        inside = {id(m) for m in model.get_submodule(stack.path).modules()}
+        inside |= {id(p) for p in model.get_submodule(stack.path).parameters()}
+        scale = stack.blocks / stack.traced
+
+    def times(obj) -> float:
+        return scale if id(obj) in inside else 1.0
     qs = [m for m in model.modules() if isinstance(m, QuantizedWeight)]
-    q_params = sum(m.shape[0] * m.shape[1] for m in qs)
-    q_bytes = sum(m.packed.numel() + m.quant_state.numel() for m in qs)
+    q_params = sum(m.shape[0] * m.shape[1] * times(m) for m in qs)
+    q_bytes = sum((m.packed.numel() + m.quant_state.numel()) * times(m) for m in qs)
     rest = {id(p): p for n, p in model.named_parameters()
             if not n.endswith("packed") and not p.requires_grad}.values()
-    r_params = sum(p.numel() for p in rest)
-    r_bytes = sum(p.numel() * p.element_size() for p in rest)
+    r_params = sum(p.numel() * times(p) for p in rest)
+    r_bytes = sum(p.numel() * p.element_size() * times(p) for p in rest)
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in rest})
     why = (" (as peft's prepare_model_for_kbit_training casts them under mixed precision)"
            if "float32" in dtypes and job.precision.amp else "")
-    return (f"{job.quantize.label}: {fmt_count(q_params)} weights in {fmt_bytes(q_bytes)} with "
-            f"their quantisation state; {fmt_count(r_params)} frozen parameters left unquantised "
-            f"(embeddings, norms, head) in {'/'.join(dtypes) or '-'}, {fmt_bytes(r_bytes)}{why}")
+    return (f"{job.quantize.label}: {fmt_count(int(q_params))} weights in "
+            f"{fmt_bytes(int(q_bytes))} with their quantisation state; "
+            f"{fmt_count(int(r_params))} frozen parameters left unquantised (embeddings, norms, "
+            f"head) in {'/'.join(dtypes) or '-'}, {fmt_bytes(int(r_bytes))}{why}")
 
 
 def _packed_param_count(model) -> int:
