@@ -44,19 +44,19 @@ TRACE_TIMEOUT_S = 90
 VIT_RE = re.compile(r"vit|deit|swin|beit|cait|xcit|levit|mixer|convit|pit_|twins|crossvit|coat|"
                     r"tnt|volo|gmlp|resmlp|jx_nest|nest_|sequencer|mvit|poolformer|convmixer|"
                     r"eva|edgenext|maxvit|coatnet|mobilevit|efficientformer|gcvit|davit")
-PARAMS = ("host_scale", "k0", "tile_h_half", "cuda_emax", "dwconv_emax", "attn_emax",
+PARAMS = ("host_scale", "tile_s", "tile_h_half", "cuda_emax", "dwconv_emax", "attn_emax",
           "conv_rel", "gconv_half", "norm_bw_eff", "kernel_s", "nchw_passes", "conv_hopper")
 # Measured STREAM triad / device copy fraction of the spec bandwidth, not fitted
 # (docs/kernel_ceilings_research.md section 2: V100 0.90, A100-40GB 0.88, A100-80GB 0.86-0.91,
 # H100 SXM copy 0.87, H100 PCIe 0.92, RTX 4090 0.91)
 BW_EFF = 0.90
 # Physical ranges: a kernel never beats its peak; S01's best-shape matmul ceilings are 80-87%.
-BOUNDS = {"host_scale": (0.3, 30.0), "k0": (1.0, 2048.0), "tile_h_half": (0.5, 512.0),
+BOUNDS = {"host_scale": (0.3, 30.0), "tile_s": (1e-8, 2e-5), "tile_h_half": (0.5, 512.0),
           "cuda_emax": (0.2, 1.0), "attn_emax": (0.1, 0.95),
           "conv_rel": (0.3, 1.0), "gconv_half": (0.1, 256.0), "norm_bw_eff": (0.1, 0.95),
           "kernel_s": (2e-7, 8e-6), "nchw_passes": (0.01, 8.0), "dwconv_emax": (0.005, 1.0),
           "conv_hopper": (0.3, 1.0)}
-START = {"host_scale": 3.0, "k0": 64.0, "tile_h_half": 16.0, "cuda_emax": 0.8,
+START = {"host_scale": 3.0, "tile_s": 1e-6, "tile_h_half": 16.0, "cuda_emax": 0.8,
          "dwconv_emax": 0.2, "attn_emax": 0.5, "conv_rel": 0.8, "gconv_half": 4.0, "norm_bw_eff": 0.5,
          "kernel_s": 2e-6, "nchw_passes": 1.0, "conv_hopper": 0.8}
 # Fused attention's ceiling (attn_emax) is fitted, mostly on llm-foundry's rows (its triton flash

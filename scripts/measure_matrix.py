@@ -154,16 +154,36 @@ def _accelerator_of(out: Path) -> str | None:
     return out.parent.name if out.parent.name in load_accelerators() else None
 
 
+def repredicted(rec: dict) -> dict:
+    """The record's job predicted again by this code, as `trainplan measure` predicts it."""
+    import os
+    from dataclasses import asdict
+    from trainplan.measure.recorder import predict
+    from trainplan.measure.records import job_from_record
+    here = os.getcwd()
+    os.chdir(ROOT)          # job files in the records are relative to the repository root
+    try:
+        return asdict(predict(job_from_record(rec), rec["accelerator"]))
+    finally:
+        os.chdir(here)
+
+
 def summary(args) -> int:
-    """Markdown table of predicted against measured, from the records only."""
+    """Markdown table of predicted against measured, from the records only (with --repredict,
+    the records' jobs predicted again by this code, beside the same measurements)."""
     from trainplan.measure.records import read_records
     from trainplan.units import fmt_bytes
     out = Path(args.out) if args.out else default_out()
     recs = read_records(out)
+    if args.repredict:
+        recs = [dict(r, predicted=repredicted(r)) for r in recs]
+    how = ("predictions made again by this code on " + time.strftime("%Y-%m-%d")
+           if args.repredict else "the predictions the records hold")
+    flag = " --repredict" if args.repredict else ""
     lines = [f"# Predicted against measured: {out.parent.name}", "",
-             f"Produced by `python scripts/measure_matrix.py --summary --out {out}` from "
+             f"Produced by `python scripts/measure_matrix.py --summary{flag} --out {out}` from "
              f"{len(recs)} records (`trainplan measure`, {recs[0]['device']['name']}, torch "
-             f"{recs[0]['versions']['torch']}). Error = predicted / measured - 1.", "",
+             f"{recs[0]['versions']['torch']}; {how}). Error = predicted / measured - 1.", "",
              "| job | measured step | predicted step | error | measured peak alloc | "
              "predicted peak alloc | error | measured device used | predicted device used |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -189,7 +209,8 @@ def summary(args) -> int:
                      f"{fmt_bytes(m.get('device_used_bytes'))} | "
                      f"{fmt_bytes(p.get('device_used_bytes'))} |")
     lines += ["", f"Median absolute error: step time "
-              f"{statistics.median(t_err):.1%} ({len(t_err)} runs)" if t_err else "",
+              f"{statistics.median(t_err):.1%} ({len(t_err)} runs; largest "
+              f"{max(t_err):.1%})" if t_err else "",
               f"peak allocated {statistics.median(m_err):.1%} ({len(m_err)} runs)"
               if m_err else ""]
     md = out.with_name("summary.md")
@@ -211,6 +232,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--summary", action="store_true", help="write summary.md from the records")
+    ap.add_argument("--repredict", action="store_true",
+                    help="with --summary: predict each record's job again with this code")
     args = ap.parse_args()
     return summary(args) if args.summary else run(args)
 

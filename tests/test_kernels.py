@@ -104,10 +104,13 @@ def test_shapes_read_off_two_micro_batches_are_the_real_ones():
 
 
 def test_every_catalog_gpu_has_its_sms():
+    """Every GPU has a row; only a product whose SM count no source gives leaves it empty
+    (its notes say so), and is timed without wave quantisation."""
     for a in load_accelerators().values():
         if a.kind == "gpu":
             f = kernel_facts(a)
-            assert f is not None and f.sm_count > 0 and f.boost_clock_mhz > 0, a.id
+            assert f is not None, a.id
+            assert (f.sm_count or 0) > 0 or "not" in f.notes, a.id
 
 
 P_DEVICE, SMS = 989e12 * 0.8, 132        # an H100's bf16 rate at its ceiling
@@ -116,17 +119,18 @@ P_DEVICE, SMS = 989e12 * 0.8, 132        # an H100's bf16 rate at its ceiling
 def _t(b, m, n, k, p=None):
     p = p or load_efficiency()
     grid = kernels.gemm_grid(np.array([[b, m, n, k]], float), SMS)
-    return float(kernels.gemm_seconds(grid, np.array([P_DEVICE]), SMS, p["k0"],
+    return float(kernels.gemm_seconds(grid, np.array([P_DEVICE]), SMS, p["tile_s"],
                                       p["tile_h_half"], 3.0e12)[0])
 
 
 def test_a_large_gemm_runs_at_the_ceiling():
-    """A large square GEMM fills every SM many times over: its FLOPs at the ceiling, plus the
-    tile's fixed part k0 / K."""
+    """A large square GEMM fills every SM many times over: its FLOPs at the ceiling, plus each
+    wave's fixed time."""
     p = load_efficiency()
     t = _t(1, 8192, 8192, 8192)
     ideal = 2 * 8192 ** 3 / P_DEVICE
-    assert ideal <= t <= ideal * (1 + p["k0"] / 8192) * 1.05
+    waves = np.ceil((8192 // 128) * (8192 // 256) / SMS)
+    assert ideal <= t <= (ideal + waves * p["tile_s"]) * 1.05
 
 
 def test_wave_quantisation():
@@ -143,7 +147,7 @@ def test_split_k_for_skinny_gemms():
     K over thread blocks makes it faster than one wave of a few tiles would be."""
     p = load_efficiency()
     t = _t(1, 256, 256, 1 << 20, p)
-    one_wave = 2 * 128 * 256 * ((1 << 20) + p["k0"]) / (P_DEVICE / SMS)
+    one_wave = 2 * 128 * 256 * (1 << 20) / (P_DEVICE / SMS) + p["tile_s"]
     assert t < one_wave / 4
     assert t >= 2 * 256 * 256 * (1 << 20) / P_DEVICE
 

@@ -256,13 +256,14 @@ def catalog_rows() -> list[CatalogRow]:
 class KernelFacts:
     """One row of `data/gpu_kernels.csv`: what a GPU's kernels are tiled over (predict/kernels.py).
 
-    sm_count: streaming multiprocessors enabled on the product. boost_clock_mhz: its specified
-    boost clock. l2_cache_bytes: L2 cache. as_of, sources (IDs in SOURCES.md), notes."""
+    sm_count: streaming multiprocessors enabled on the product (AMD: compute units; Apple: GPU
+    cores). boost_clock_mhz: its specified boost clock. l2_cache_bytes: L2 cache. None where no
+    source gives it (an empty cell). as_of, sources (IDs in SOURCES.md), notes."""
 
     id: str
-    sm_count: int
-    boost_clock_mhz: float
-    l2_cache_bytes: int
+    sm_count: int | None
+    boost_clock_mhz: float | None
+    l2_cache_bytes: int | None
     as_of: str
     sources: str
     notes: str
@@ -275,13 +276,18 @@ def _kernel_facts() -> dict[str, KernelFacts]:
     out: dict[str, KernelFacts] = {}
     for line, row in enumerate(csv.DictReader(text.splitlines()), start=2):
         try:
-            facts = KernelFacts(row["id"], int(row["sm_count"]), float(row["boost_clock_mhz"]),
-                                int(row["l2_cache_bytes"]), row["as_of"], row["sources"],
+            facts = KernelFacts(row["id"], _opt_int(row["sm_count"]),
+                                _opt_float(row["boost_clock_mhz"]),
+                                _opt_int(row["l2_cache_bytes"]), row["as_of"], row["sources"],
                                 row["notes"])
         except (KeyError, ValueError) as e:
             raise TrainplanError(f"data/gpu_kernels.csv line {line}: {e}.") from e
         out[facts.id] = facts
     return out
+
+
+def _opt_int(v: str) -> int | None:
+    return int(v) if v.strip() else None
 
 
 def kernel_facts(accel: Accelerator) -> KernelFacts | None:

@@ -5,22 +5,23 @@ tm x tn; each tile is one thread block, which walks the K dimension and runs on 
 S SMs and T = batch x ceil(M / tm) x ceil(N / tn) tiles, the kernel runs in ceil(T / S) waves,
 the last one partly empty (wave quantisation), and every tile computes its whole tm x tn even
 where the matrix ends inside it (tile quantisation). NeuSight (Lee et al., ASPLOS 2025,
-arXiv:2407.13853) predicts GEMMs to a few percent on GPUs it was not fitted on this way. Per tile:
+arXiv:2407.13853) predicts GEMMs to a few percent on GPUs it was not fitted on this way. Per wave:
 
-    t_tile = 2 tm tn (K_s + k0) / (P_sm x e_max x e_tile)
+    t_wave = 2 tm tn K_s x (tiles an SM runs at once) / (P_sm x e_max x e_tile) + tile_s
 
 P_sm is the SM's share of the dense peak for the dtype (the catalog's rate x the sustained clock
 / S); e_max the device's measured best-shape matmul ceiling (timing.matmul_ceiling: a large
-square GEMM on the biggest tile reaches it); k0 the fixed part of a tile's walk (the pipeline's
-prologue before the first multiply and the epilogue that writes the tile), in units of K, fitted;
-e_tile = 1 for the biggest tile and less for smaller ones, which read more operand bytes per
-multiply: a tile's operand reuse is its harmonic size h = tm tn / (tm + tn) (64 for 128 x 128),
-and e_tile = (h / (h + h_half)) / (h_max / (h_max + h_half)), h_half fitted. Small tiles run
-several to an SM (occupancy). Where the tiles fill less than the SMs, cuBLAS splits K over s
-thread blocks and sums their partial tiles (s x M x N fp32 written and read back): K_s =
-ceil(K / s). The library picks its tile and split by heuristics close to the fastest one; this
-model takes the fastest candidate (TILES) and split. The kernel never beats the bandwidth: at
-least its bytes / (bandwidth x STREAM fraction).
+square GEMM on the biggest tile reaches it); tile_s the fixed time of a wave (the pipeline's
+prologue before the first multiply and the epilogue that writes the tile: memory latency and
+stores, not multiplies, so a time, fitted); e_tile = 1 for the biggest tile and less for smaller
+ones, which read more operand bytes per multiply: a tile's operand reuse is its harmonic size
+h = tm tn / (tm + tn) (64 for 128 x 128), and e_tile = (h / (h + h_half)) / (h_max / (h_max +
+h_half)), h_half fitted. Small tiles run several to an SM (occupancy); narrow ones (down to 64 x
+8, cuBLAS's skinny kernels) serve a GEMM with few columns. Where the tiles fill less than the
+SMs, cuBLAS splits K over s thread blocks and sums their partial tiles (s x M x N fp32 written
+and read back): K_s = ceil(K / s). The library picks its tile and split by heuristics close to
+the fastest one; this model takes the fastest candidate (TILES) and split. The kernel never
+beats the bandwidth: at least its bytes / (bandwidth x STREAM fraction).
 
 Attention (FlashAttention-2, PyTorch's memory-efficient and cuDNN kernels) is tiled over
 (batch x heads) x query blocks of `ATTN_BLOCK_Q` rows: the same wave quantisation over its work
@@ -42,8 +43,11 @@ import numpy as np
 from ..trace.shapes import ATTN_INTS, GEMM_INTS
 
 # thread-block tiles (tm, tn) of the GEMM kernels cuBLAS and CUTLASS pick from on Volta through
-# Hopper (CUTLASS's default sm70/sm75/sm80/sm90 configurations: docs/kernel_ceilings_research.md)
-TILES = np.array([(256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64)], float)
+# Hopper (CUTLASS's default sm70/sm75/sm80/sm90 configurations, and cuBLAS's skinny kernels seen
+# in public profiles, e.g. 64x8: docs/kernel_ceilings_research.md section d); both orientations
+TILES = np.array([(256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64),
+                  (128, 32), (32, 128), (64, 16), (16, 64), (64, 8), (8, 64)], float)
+MAX_TILES_PER_SM = 8       # thread blocks an SM holds at once, at most
 SPLITS = np.array([1, 2, 3, 4, 6, 8, 12, 16], float)
 MIN_SPLIT_K = 128          # no split leaves a block fewer than this many of K
 ATTN_BLOCK_Q = 128         # FlashAttention-2's forward query block (sm80+, D <= 128)
@@ -83,6 +87,7 @@ class GemmGrid:
 
     work: np.ndarray         # (G, tiles, splits)
     k_split: np.ndarray
+    waves: np.ndarray
     partial_bytes: np.ndarray
 
 
@@ -90,15 +95,15 @@ def gemm_grid(dims: np.ndarray, sms: int) -> GemmGrid:
     b, m, n, k = (dims[:, i, None, None] for i in range(4))
     tm, tn = TILES[None, :, 0, None], TILES[None, :, 1, None]
     s = SPLITS[None, None, :]
-    per_sm = np.maximum(1.0, np.floor(128 * 128 / (tm * tn)))      # small tiles share an SM
-    blocks = b * np.ceil(m / tm) * np.ceil(n / tn)
+    per_sm = np.clip(np.floor(128 * 128 / (tm * tn)), 1.0, MAX_TILES_PER_SM)  # small tiles share
+    blocks = b * np.ceil(m / tm) * np.ceil(n / tn)                            # an SM
     waves = np.ceil(blocks * s / (sms * per_sm))
     partial = np.where(s > 1, 8.0 * s * b * m * n, 0.0)
     partial = np.where((s == 1) | (k / s >= MIN_SPLIT_K), partial, np.inf)
-    return GemmGrid(waves * per_sm * 2.0 * tm * tn, np.ceil(k / s), partial)
+    return GemmGrid(waves * per_sm * 2.0 * tm * tn, np.ceil(k / s), waves, partial)
 
 
-def gemm_seconds(grid: GemmGrid, rate: np.ndarray, sms: int, k0: float, h_half: float,
+def gemm_seconds(grid: GemmGrid, rate: np.ndarray, sms: int, tile_s: float, h_half: float,
                  bandwidth: float) -> np.ndarray:
     """Seconds of each GEMM's compute (the rows of `grid`) on `sms` SMs, `rate` the FLOP/s the
     whole device reaches on it at the best tile (peak x ceiling, per GEMM), at the fastest tile
@@ -108,7 +113,7 @@ def gemm_seconds(grid: GemmGrid, rate: np.ndarray, sms: int, k0: float, h_half: 
     if not len(rate):
         return np.zeros(0)
     r_sm = (rate[:, None, None] / sms) * tile_efficiency(h_half)[None, :, None]
-    t = grid.work * (grid.k_split + k0) / r_sm + grid.partial_bytes / bandwidth
+    t = grid.work * grid.k_split / r_sm + grid.waves * tile_s + grid.partial_bytes / bandwidth
     return t.min(axis=(1, 2))
 
 

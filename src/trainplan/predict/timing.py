@@ -7,7 +7,7 @@ from its shape and bytes (op_times), and the step runs them through the host/dev
     t_kernel = max(t_compute, t_memory) + kernel_s
     t_memory = bytes x passes / (bandwidth x bw_eff)
     t_compute: a GEMM or convolution tiled over the SMs (predict/kernels.py: wave and tile
-               quantisation, split-K, the tile's fixed prologue/epilogue k0, smaller tiles'
+               quantisation, split-K, a wave's fixed prologue/epilogue, smaller tiles'
                efficiency) at the device's measured matmul ceiling; fused attention by its work
                items in waves at the kernel's ceiling for the head dimension; anything else at
                the CUDA-core rate
@@ -209,7 +209,7 @@ def _static(table: OpTable, accel, precision: Precision) -> _Static:
     if key in memo:
         return memo[key]
     facts = kernel_facts(accel)
-    sms = facts.sm_count if facts else 0
+    sms = (facts.sm_count or 0) if facts else 0
     k = kernel_classes(table)
     peak, tensor = _rates(accel, precision)
     conv = table.conv.astype(int)
@@ -266,9 +266,9 @@ def op_times(table: OpTable, accel, precision: Precision, p: dict) -> tuple[np.n
     implicit GEMM reducing over its input channels per group (x the kernel window): few channels
     (ResNeXt's 4 a group, RegNet's, a 3-channel stem) fill a fraction of a tile's depth, so it
     reaches gc / (gc + gconv_half) of `conv_rel` x the matmul ceiling. An op whose shape was not
-    traced (an op table made before shapes were) is timed as one GEMM of its FLOPs' square
-    shape. A device without SM counts (data/gpu_kernels.csv: TPUs, new GPUs) is timed without
-    quantisation.
+    traced (an op table made before shapes were), or a device without SM counts
+    (data/gpu_kernels.csv: TPUs), is timed without quantisation: its FLOPs at the ceiling plus
+    one wave's fixed time.
     """
     st = _static(table, accel, precision)
     k = st.classes
@@ -284,17 +284,15 @@ def op_times(table: OpTable, accel, precision: Precision, p: dict) -> tuple[np.n
         t_c = np.where(f > 0, f / rate, 0.0)
     if len(st.gemm_owner):
         if st.gemm_grid is not None:
-            secs = kernels.gemm_seconds(st.gemm_grid, rate[st.gemm_owner], st.sms, p["k0"],
-                                        p["tile_h_half"], bw)
+            secs = kernels.gemm_seconds(st.gemm_grid, rate[st.gemm_owner], st.sms,
+                                        p["tile_s"], p["tile_h_half"], bw)
         else:
             d = st.gemm_dims
-            secs = 2.0 * d.prod(axis=1) * (1 + p["k0"] / np.maximum(d[:, 3], 1)) \
-                / rate[st.gemm_owner]
+            secs = 2.0 * d.prod(axis=1) / rate[st.gemm_owner] + p["tile_s"]
         t_c[st.gemm_owner] = 0.0
         np.add.at(t_c, st.gemm_owner, secs)
     if len(st.square):
-        n = np.cbrt(np.maximum(f[st.square], 1.0) / 2.0)
-        t_c[st.square] = f[st.square] * (1 + p["k0"] / n) / rate[st.square]
+        t_c[st.square] = f[st.square] / rate[st.square] + p["tile_s"]
     if len(st.attn):
         # FlashAttention-2's throughput by head dimension (against 128) and by the keys a work
         # item walks (its fixed part: loading the query block, writing the output), both read
