@@ -1,5 +1,5 @@
 """Precision and strategy are types parsed once (precision.py, strategy.py): every spelling means
-one thing, the seeds' `mixed_precision: fp16` is mixed precision, and the README lists them all."""
+one thing, the seeds' `mixed_precision: fp16` is mixed precision, and docs/design.md lists them all."""
 from pathlib import Path
 
 import pytest
@@ -9,7 +9,7 @@ from trainplan import strategy as S
 from trainplan.errors import TrainplanError
 from trainplan.spec import Job, job_from_dict
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "design.md"     # the README points there
 
 
 def test_one_word_two_meanings_are_told_apart():

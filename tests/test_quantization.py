@@ -106,7 +106,7 @@ def test_only_bitsandbytes_is_cuda_only():
 def test_readme_lists_every_quantisation_spelling():
     from pathlib import Path
     from trainplan.quantization import spellings_table
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "design.md").read_text()
     for name, spellings, meaning in spellings_table():
         assert f"| {name} | {spellings} | {meaning} |" in text, name
 

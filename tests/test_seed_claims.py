@@ -104,7 +104,7 @@ def test_a100_10_to_20x_a_t4_exceeds_both_peak_ratios():
 
 # Seed 004 (Chart-RVR: GRPO on Qwen2.5-VL-3B, LoRA, ZeRO-3, Kaggle 2 x T4) claims ~100-150 s per
 # step and ~40-50 hours for 10K samples. examples/chart-rvr-grpo.yaml plans the whole GRPO step
-# (generation included); the plan is held to the catalog's physics, and the README says which
+# (generation included); the plan is held to the catalog's physics, and docs/seeds.md says which
 # claim holds.
 T4_GPU = get_accelerator("t4")
 COMPLETION = 768          # max_completion_length in the seed's main.py
@@ -147,22 +147,22 @@ def test_the_seed_claims_against_the_plan_and_the_readme():
     assert steps * 100 / 3600 > 50
     step = p["step_time_s"]
     per_step = "holds" if 100 <= step <= 150 else ("faster" if step < 100 else "slower")
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "seeds.md").read_text()
     section = text[text.index("### Seed 004's claims"):]
     section = section[:section.index("\n## ")] if "\n## " in section else section
     m = re.search(r"predicted step on kaggle-t4x2: ([\d.]+) s", section)
-    assert m and abs(float(m.group(1)) - step) <= 0.05 * step, "README's step time is stale"
+    assert m and abs(float(m.group(1)) - step) <= 0.05 * step, "docs/seeds.md's step time is stale"
     assert f"100-150 s per step: {per_step}" in section
     assert "40-50 hours: does not hold" in section
 
 
 def test_seed_000_year_of_work_in_the_readme_is_the_plans():
     """Seed 000's "100 training runs x 10k steps" year: examples/graphmer-se.yaml's campaign, and
-    the README's table quotes it."""
+    docs/seeds.md's table quotes it."""
     doc = example_doc("graphmer-se")
     c = {p["platform_id"]: p["campaign"] for p in doc["platforms"]}
     assert doc["campaign"]["runs"] == 100 and doc["campaign"]["per"] == "year"
-    section = (ROOT / "README.md").read_text()
+    section = (ROOT / "docs" / "seeds.md").read_text()
     section = section[section.index("### Campaigns"):]
     kaggle, local, colab = c["kaggle-t4x2"], c["local-rtx-3050"], c["colab-pro-tpu-v2-8"]
     assert kaggle["total_usd"] == 0 and kaggle["quota_binds"]
