@@ -17,7 +17,7 @@ REQUIRED_IDS = [
     "t4", "p100", "v100-sxm2-16gb", "v100-sxm2-32gb", "a100-sxm4-40gb", "a100-sxm4-80gb",
     "a100-pcie-40gb", "a100-pcie-80gb", "a10g", "l4", "l40s", "h100-sxm", "h100-pcie", "h200",
     "rtx-3050", "rtx-3050-laptop-4gb", "rtx-3050-laptop-6gb", "rtx-3060", "rtx-3090", "rtx-4090",
-    "rtx-a6000", "titan-rtx", "tpu-v2-8", "tpu-v3-8", "tpu-v5e-8",
+    "rtx-a6000", "titan-rtx", "tpu-v2-8", "tpu-v3-8", "tpu-v5e-8", "tpu-v5e-1",
 ]
 SOURCE_ID = re.compile(r"^(S|K)\d+$")
 
@@ -145,6 +145,18 @@ def test_retired_platforms_keep_their_dates():
     assert p100.status == "retired" and p100.retired_on == "2026-09-15"
     v3 = get_platform("kaggle-tpu-v3-8")
     assert v3.status == "retired" and v3.status_as_of
+
+
+def test_colab_tpu_is_a_single_v5e_chip_since_october_2025():
+    """S55: "Colab replaced TPU v2-8 with v5e-1" (2025-10-09): every tier's v2-8 row is retired on
+    that date and a v5e-1 row (one chip, 16 GiB, no data parallelism across chips) is current."""
+    for tier in ("pro", "proplus", "payg"):
+        old, new = get_platform(f"colab-{tier}-tpu-v2-8"), get_platform(f"colab-{tier}-tpu-v5e-1")
+        assert old.status == "retired" and old.retired_on == "2025-10-09" and "S55" in old.sources
+        assert new.is_current and new.accelerator_id == "tpu-v5e-1" and "S55" in new.sources
+    v5e1 = get_accelerator("tpu-v5e-1")
+    assert v5e1.devices_per_unit == 1 and v5e1.memory_per_device_bytes == 16 * GiB
+    assert v5e1.bf16_flops == get_accelerator("tpu-v5e-8").bf16_flops    # per chip, as the v5e-8's
 
 
 def test_every_platform_row_is_sourced_priced_and_known():

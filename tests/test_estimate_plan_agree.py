@@ -28,7 +28,7 @@ REL = 1e-9
 
 # example -> the platforms it lists (`platforms:`), named here so that each is a test case
 PLATFORMS = {
-    "graphmer-se": ("kaggle-t4x2", "colab-pro-tpu-v2-8", "local-rtx-3050"),
+    "graphmer-se": ("kaggle-t4x2", "colab-pro-tpu-v5e-1", "local-rtx-3050"),
     "glf-cr-2xt4": ("kaggle-t4x2",),
     "chart-rvr-grpo": ("kaggle-t4x2", "colab-pro-a100"),
 }

@@ -164,11 +164,11 @@ def test_seed_000_year_of_work_in_the_readme_is_the_plans():
     assert doc["campaign"]["runs"] == 100 and doc["campaign"]["per"] == "year"
     section = (ROOT / "docs" / "seeds.md").read_text()
     section = section[section.index("### Campaigns"):]
-    kaggle, local, colab = c["kaggle-t4x2"], c["local-rtx-3050"], c["colab-pro-tpu-v2-8"]
+    kaggle, local, colab = c["kaggle-t4x2"], c["local-rtx-3050"], c["colab-pro-tpu-v5e-1"]
     assert kaggle["total_usd"] == 0 and kaggle["quota_binds"]
     assert f"{kaggle['calendar_s'] / 86400:.0f} days" in section
     assert f"${local['total_usd']:.0f}: ${local['hardware_usd']:.0f}" in section
     assert f"${local['electricity_usd']:.0f} electricity" in section
     assert f"${colab['total_usd']:.2f} (12 months)" in section
     cross = {x["platform_id"]: x["runs"] for x in local["crossovers"]}
-    assert cross == {"kaggle-t4x2": None, "colab-pro-tpu-v2-8": 1}
+    assert cross == {"kaggle-t4x2": None, "colab-pro-tpu-v5e-1": 1}

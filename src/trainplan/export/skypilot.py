@@ -20,7 +20,7 @@ ACCELERATORS = {
     "a100-pcie-80gb": "A100-80GB", "a10g": "A10G", "a10": "A10", "l4": "L4", "l40s": "L40S",
     "h100-sxm": "H100", "h100-pcie": "H100", "h200": "H200", "rtx-3060": "RTX3060",
     "rtx-3090": "RTX3090", "rtx-4090": "RTX4090", "rtx-a6000": "RTXA6000",
-    "tpu-v2-8": "tpu-v2-8", "tpu-v3-8": "tpu-v3-8", "tpu-v5e-8": "tpu-v5litepod-8",
+    "tpu-v2-8": "tpu-v2-8", "tpu-v3-8": "tpu-v3-8", "tpu-v5e-8": "tpu-v5litepod-8", "tpu-v5e-1": "tpu-v5litepod-1",
 }
 KEEP_ON_DISK = 3
 DISK_BASE_GB = 100
