@@ -7,6 +7,7 @@ import pytest
 from trainplan.accelerators import get_accelerator
 from trainplan.algorithm import Rollout
 from trainplan.errors import TrainplanError
+from trainplan.platforms import host_cpu
 from trainplan.estimate import estimate, to_json
 from trainplan.plan.fixes import gather_per_token, reference_off
 from trainplan.plan.fixes import seq_len as seq_len_rung
@@ -91,7 +92,8 @@ def test_a_plan_traces_its_rollout_forwards_with_its_steps_on_all_cores(monkeypa
     row = plan.platforms[0]
     monkeypatch.setattr(generation, "_MEMO", {})
     est = estimate(job.with_(batch_size=row.micro_batch_size, grad_accum=row.grad_accum),
-                   get_accelerator(row.accelerator_id), traces=Traces(), with_max_batch=False)
+                   get_accelerator(row.accelerator_id), traces=Traces(), with_max_batch=False,
+                   host_speed=host_cpu(row.platform_id).speed)   # the plan's host, both phases
     assert row.step_phases_s == pytest.approx(est.step_phases_s, rel=1e-12)
 
 

@@ -196,7 +196,11 @@ def test_a_cut_model_is_traced_at_one_depth(monkeypatch):
     two = Traces()
     old = evaluate(job, accel, traces=two, strict=False)
     assert {key[2] for key in two._exact} == {depth.LOW, depth.HIGH}
-    assert old.time.step_time_s == pytest.approx(ev.time.step_time_s, rel=1e-9)
+    # the same ops, FLOPs, bytes and kernel shapes; the host views counted before two of a block's
+    # kernels (`OpRecord.host_ops`) come from the last block traced in one way and a middle one
+    # in the other, which the host queue sees as 0.1% of the step
+    assert old.time.step_time_s == pytest.approx(ev.time.step_time_s, rel=2e-3)
+    assert old.trace.flops == ev.trace.flops
     assert old.memory.required_bytes == pytest.approx(ev.memory.required_bytes, rel=0.001)
     assert old.trace.phase_peaks == ev.trace.phase_peaks
 

@@ -17,6 +17,7 @@ import pytest
 
 import trainplan.predict.traces as traces_mod
 from trainplan.estimate import estimate
+from trainplan.platforms import host_cpu
 from trainplan.plan import Planner, make_plan, select_platforms
 from trainplan.plan.planner import platform_job
 from trainplan.spec import load_job, validate
@@ -138,7 +139,8 @@ def agreement(planned):
             pl = planned(example)
             row = pl.plan.platform(platform_id)
             cfg = pl.config(platform_id)
-            est = estimate(cfg.job, pl.platforms[platform_id].accelerator) if row.fits else None
+            est = estimate(cfg.job, pl.platforms[platform_id].accelerator,     # on its host CPU
+                           host_speed=host_cpu(platform_id).speed) if row.fits else None
             cache[example, platform_id] = row, cfg, est
         row, cfg, est = cache[example, platform_id]
         if est is None:

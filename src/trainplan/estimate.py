@@ -29,10 +29,13 @@ class Estimate:
 
 
 def estimate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
-             traces: Traces | None = None, with_max_batch: bool = True) -> Estimate:
-    """`job` on `accel`: evaluated at its micro-batch, and the largest micro-batch searched."""
+             traces: Traces | None = None, with_max_batch: bool = True,
+             host_speed: float = 1.0) -> Estimate:
+    """`job` on `accel`: evaluated at its micro-batch, and the largest micro-batch searched.
+    `host_speed`: the host CPU's single-thread speed over the reference host's (1: the host the
+    time model's fit stands for; a platform's is `platforms.host_cpu(id).speed`)."""
     traces = traces or Traces()
-    ev = evaluate(job, accel, calibration, traces)
+    ev = evaluate(job, accel, calibration, traces, host_speed=host_speed)
     if not with_max_batch:
         return Estimate(ev, None)
     return Estimate(ev, largest_micro_batch(job, accel, traces),

@@ -28,6 +28,7 @@ second adds it without the copy.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from ..trace.counters import ALLOC, FREE, RETAG, replay_log
@@ -102,12 +103,24 @@ def accumulated(tr: Trace) -> Trace | None:
     if blocks is not None:
         blocks += tr.event_blocks[ev_o:]
     peaks, peak, timeline = replay_log(out, timeline=True)
-    ops, k = [], 0                   # each add_ after the op whose gradient it takes, in order
+    # each add_ after the op whose gradient it takes, in order. Host views (`OpRecord.host_ops`,
+    # counted on the next kernel): the first micro-batch issued, for each gradient, the views
+    # before its AccumulateGrad and one detach setting `.grad` (`add.host_ops` counts both,
+    # trace/tracer.py `_gradient_made`); a later micro-batch issues the same views before its
+    # add_ and no detach; after the last backward kernel the views stay where they were (every
+    # micro-batch issues them there). tests/test_accumulate.py checks this against traced steps.
+    views = Counter()
+    for at, *_, add in tr.gradients_made:
+        if at < len(tr.ops) and tr.ops[at].phase == "backward":
+            views[at] += add.host_ops
+    base = [replace(o, host_ops=o.host_ops - views[i]) if views[i] else o
+            for i, o in enumerate(tr.ops)]
+    ops, k = [], 0
     for at, _log, _block, add in tr.gradients_made:
-        ops += tr.ops[k:at]
-        ops.append(add)
+        ops += base[k:at]
+        ops.append(replace(add, host_ops=max(0, add.host_ops - 1)))
         k = at
-    ops += tr.ops[k:]
+    ops += base[k:]
     moved = {ph: dict(v) for ph, v in tr.bytes_moved.items()}
     for *_, add in tr.gradients_made:
         moved["backward"][add.family] += add.bytes

@@ -77,10 +77,11 @@ def with_resident(mem: MemoryEstimate, job, trace, accel: Accelerator, devices: 
 
 
 def step(job, accel: Accelerator, trace, mem: MemoryEstimate, time, devices: int,
-         generate=None, resident_in: bool = False) -> AlgorithmStep:
+         generate=None, resident_in: bool = False, host_speed: float = 1.0) -> AlgorithmStep:
     """Phases and memory of one optimizer step (module docstring). `generate`: the generation
     model (generation.estimate_generation; a parameter so tests can pass another).
-    `resident_in`: `mem` already holds the resident share (evaluate.memory_at adds it)."""
+    `resident_in`: `mem` already holds the resident share (evaluate.memory_at adds it).
+    `host_speed`: the host CPU's, for generation's host dispatch as for the training step's."""
     k = max(1, job.grad_accum)
     forward = time.forward_s * k                       # one forward per micro-batch
     phases = dict.fromkeys(PHASES, 0.0)
@@ -101,7 +102,8 @@ def step(job, accel: Accelerator, trace, mem: MemoryEstimate, time, devices: int
     gen, gen_required = None, 0
     if job.algorithm in GENERATES:
         gen, phases["generation"], gen_required, more = _generation(job, accel, trace, mem,
-                                                                    devices, generate)
+                                                                    devices, generate,
+                                                                    host_speed)
         notes += more
     memory = _memory(mem, {} if resident_in else resident, gen_required)
     return AlgorithmStep(phases, memory, gen, tuple(notes))
@@ -135,14 +137,14 @@ def request_rollout(job, accel: Accelerator, devices: int) -> None:
         pass
 
 
-def _generation(job, accel, trace, mem, devices, generate):
+def _generation(job, accel, trace, mem, devices, generate, host_speed: float = 1.0):
     """(estimate, seconds per step, device bytes at the generation peak, notes)."""
     if generate is None:
         from .generation import estimate_generation as generate
     r, n = job.rollout, devices
     args = _rollout(job, n)
     seqs, sharded, once = args["prompts"], args["sharded_weights_devices"], args["gather_once"]
-    est = generate(job, accel, **args)
+    est = generate(job, accel, host_speed=host_speed, **args)
     seconds = est.total_s
     notes = [f"generation: {seqs} sequences of {r.prompt_len} + {r.completion_len} tokens per "
              f"device and step ({r.engine}; bound by {est.bound})"]

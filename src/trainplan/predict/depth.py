@@ -238,7 +238,9 @@ def extend(hi: Trace) -> Trace | None:
             r0, r = r, copy.copy(r)
             r.flops, r.bytes, r.last_block = (r.flops * (1 + share), r.bytes * (1 + share),
                                               share / (1 + share))
-            r.shape = r.shape[:1] and (round(r.shape[0] * (1 + share)),) + r.shape[1:]
+            # a multi-tensor op's list grows by the last block's tensors (trace/shapes.py)
+            r.shape = (r.shape[0] + r.shape[2],) + r.shape[1:] if len(r.shape) == 3 else \
+                r.shape[:1] and (round(r.shape[0] * (1 + share)),) + r.shape[1:]
             grown.append((r0, r))
         ops.append(r)
     pattern = _index_pattern(hi.stack.path)

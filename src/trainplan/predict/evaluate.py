@@ -152,7 +152,8 @@ def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
                              accel.id)
     phases = generation = None
     if job.algorithm != "sft":
-        alg = algorithms.step(job, accel, tr, mem, time, devices(job, accel), resident_in=True)
+        alg = algorithms.step(job, accel, tr, mem, time, devices(job, accel), resident_in=True,
+                              host_speed=host_speed)
         phases, generation, mem = alg.phases_s, alg.generation, alg.memory
         time = with_phases(time, phases, alg.notes)
     findings += gpu0_finding(mem)

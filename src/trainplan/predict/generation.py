@@ -111,13 +111,14 @@ class GenerationEstimate:
 
 
 def step_cost(tr: InferenceTrace, accel, precision, p: dict,
-              gather: tuple[float, float] = (0.0, 0.0)) -> StepCost:
-    """Time one traced forward with the training time model (timing.op_times)."""
+              gather: tuple[float, float] = (0.0, 0.0), host_speed: float = 1.0) -> StepCost:
+    """Time one traced forward with the training time model (timing.op_times); `host_speed`:
+    the host CPU's single-thread speed over the reference host's (predict/host.py)."""
     table = summarize(tr)
     t, cbound = op_times(table, accel, precision, p)
     td = t * table.count
     ops = int(np.sum(table.count))
-    q = run_queue(issue_times(table, p, inference=True), t[table.seq])
+    q = run_queue(issue_times(table, p, host_speed, inference=True), t[table.seq])
     return StepCost(float(np.sum(td[cbound])), float(np.sum(td[~cbound])), q.host_s,
                     gather[0], gather[1], ops, q.seconds)
 
@@ -186,9 +187,11 @@ def estimate_generation(job, accel, *, prompts: int, generations_per_prompt: int
                         prompt_len: int, completion_len: int, engine: str = "hf",
                         sharded_weights_devices: int = 1, gather_once: bool = False,
                         gpu_memory_utilization: float | None = None,
-                        calibration: dict | None = None) -> GenerationEstimate:
+                        calibration: dict | None = None,
+                        host_speed: float = 1.0) -> GenerationEstimate:
     """Seconds and bytes to generate `completion_len` tokens for each of prompts x
-    generations_per_prompt sequences on one `accel` device (module docstring)."""
+    generations_per_prompt sequences on one `accel` device (module docstring); `host_speed`:
+    the host CPU's single-thread speed over the reference host's (a platform's: host_cpus.csv)."""
     if engine not in ENGINES:
         raise TrainplanError(f"engine {engine!r} is not known.", allowed=", ".join(ENGINES))
     if min(prompts, generations_per_prompt, prompt_len, completion_len,
@@ -229,10 +232,10 @@ def estimate_generation(job, accel, *, prompts: int, generations_per_prompt: int
             notes.append(f"weights sharded over {n_dev} devices: every forward (each decode "
                          f"token) all-gathers {(n_dev - 1) / n_dev:.0%} of the weights over "
                          f"{accel.interconnect} ({gather[0]:.3g} s per step)")
-    costs = {"prefill": step_cost(pre, accel, job.precision, p, gather)}
+    costs = {"prefill": step_cost(pre, accel, job.precision, p, gather, host_speed)}
     if n:
-        costs["decode_first"] = step_cost(d0, accel, job.precision, p, gather)
-        costs["decode_last"] = step_cost(d1, accel, job.precision, p, gather)
+        costs["decode_first"] = step_cost(d0, accel, job.precision, p, gather, host_speed)
+        costs["decode_last"] = step_cost(d1, accel, job.precision, p, gather, host_speed)
     prefill_s = costs["prefill"].time(engine)
     if gather_once and sharded:
         prefill_s += collective_s("all_gather", pre.params_total * job.precision.compute_bytes,

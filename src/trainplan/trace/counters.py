@@ -440,10 +440,14 @@ class StepCounter(TorchDispatchMode):
         if self.tag_blocks:
             last = self._last_share(ins, written) if phase in _BY_OWNER else \
                 float(self.block == self.last_block)
+        shape = kernel_shape(func, args, kwargs)
+        if last and phase in _BY_OWNER and len(shape) == 2 and isinstance(args[0], (list, tuple)):
+            # a multi-tensor op: how many of its list's tensors are the last block's (shapes.py)
+            shape += (sum(self.owner(t) == self.last_block for t in args[0]),)
         self.records.append(OpRecord(str(packet).split(".")[-1], op_family(packet), phase, flops,
                                      float(nbytes), dtype.replace("torch.", ""), mod,
                                      self.recompute, _group_channels(packet, args), last,
-                                     kernel_shape(func, args, kwargs), self.host_pending))
+                                     shape, self.host_pending))
         self.host_pending = 0
         if flops and mod:
             st = self.modules[mod]

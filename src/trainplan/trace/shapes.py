@@ -23,7 +23,9 @@ other size of the trace (predict/interpolate.py reads a shape at another micro-b
 * multi-tensor (`_foreach_*`) optimizer kernels: (tensors, lists): the length of the list and
   how many lists the op reads and writes, which set how many kernels launch (multi_tensor_apply
   fills a launch with at most 110 tensors for one list, 64 for two, ..., or 320 chunks:
-  ATen/native/cuda/MultiTensorApply.cuh) and the host's work per call.
+  ATen/native/cuda/MultiTensorApply.cuh) and the host's work per call. In a trace cut to some
+  of a model's blocks a third entry counts the list's tensors of the last block traced
+  (trace/counters.py), what one block more adds to the list (predict/depth.py `extend`).
 * every other op: () -- elementwise kernels, norms and reductions are timed by their bytes.
 """
 from __future__ import annotations

@@ -484,15 +484,23 @@ def _gradient_made(counter: StepCounter, p) -> None:
     contribution summed first): it is tagged a gradient, and where this backward made `.grad`
     (the first of a step) the step with accumulation would instead add the new gradient into the
     one held (an `add_` reading both and writing one) and free it. Recorded as (ops so far,
-    memory log entry of the tag, the block running, that `add_`) for predict/accumulate.py."""
+    memory log entry of the tag, the block running, that `add_`) for predict/accumulate.py; the
+    `add_`'s `host_ops` holds the host views this backward issued for the gradient (see there)."""
     n = len(counter.memory_log)
     counter.retag(p.grad, "gradients")
     if counter.phase != "backward" or not counter.count_ops:
         return
     g = p.grad
+    # host views since the last kernel or the last gradient made before it: the views before
+    # this AccumulateGrad and, here, its detach; `host_ops` carries them to predict/accumulate.py
+    at = len(counter.records)
+    last_at, last_pending = getattr(counter, "_grad_pending", (-1, 0))
+    views = counter.host_pending - (last_pending if last_at == at else 0)
+    counter._grad_pending = (at, counter.host_pending)
     add = OpRecord("add_", "other", "backward", 0.0, float(3 * g.numel() * g.element_size()),
                    str(g.dtype).replace("torch.", ""), counter._module(), counter.recompute, 0,
-                   float(counter.tag_blocks and counter.block == counter.last_block))
+                   float(counter.tag_blocks and counter.block == counter.last_block),
+                   host_ops=views)
     counter.gradients_made.append((len(counter.records), n if len(counter.memory_log) > n
                                    else None, counter.block, add))
 
