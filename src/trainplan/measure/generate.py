@@ -28,8 +28,8 @@ import torch
 
 from ..errors import TrainplanError
 from ..spec import Job
-from .device import describe_device, resolve_accelerator, resolve_device, synchronize
-from .recorder import Recorder, check_measurable
+from .device import synchronize
+from .recorder import Recorder
 
 SOURCE = "measure-generate"
 
@@ -55,18 +55,10 @@ def run_generation(job: Job, prompt_len: int, completion_len: int, steps: int = 
                    out=None, command: str | None = None, progress=None,
                    write: bool = True) -> tuple[dict, object]:
     """Time `warmup + steps` generate calls and one prefill each; returns (record, path)."""
-    from .runner import build_on_device, local_semantics, precision_switches
-    if steps < 1:
-        raise TrainplanError(f"--steps must be >= 1, got {steps}.")
+    from .runner import build_on_device, on_device, precision_switches
     if min(prompt_len, completion_len) < 1:
         raise TrainplanError("--prompt-len and --completion-len must be >= 1.")
-    check_measurable(job)
-    dev = resolve_device(device)
-    info = describe_device(dev)
-    acc, _ = resolve_accelerator(info, accelerator)
-    sem = local_semantics(job, dev, acc)
-    say = progress or (lambda msg: None)
-    say(f"building {job.model_label} on {dev} ({info.name})")
+    dev, info, acc, sem, say = on_device(job, steps, device, accelerator, progress)
     bundle, _ = build_on_device(job.with_(grad_checkpointing="none"), sem, dev)
     model = bundle.module
     if not hasattr(model, "generate"):

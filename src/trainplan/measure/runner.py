@@ -68,6 +68,22 @@ def local_semantics(job: Job, dev: torch.device, accel_id: str | None) -> Kernel
                            channels_last=bool(job.channels_last))
 
 
+def on_device(job, steps: int, device, accelerator, progress):
+    """What a measurement starts from: the checked job's (device, its description, the catalog
+    accelerator it is, the kernel semantics it runs, a progress callback that has said what is
+    being built). `measure` (training steps) and `measure --task generate` share it."""
+    if steps < 1:
+        raise TrainplanError(f"--steps must be >= 1, got {steps}.")
+    check_measurable(job)
+    dev = resolve_device(device)
+    info = describe_device(dev)
+    acc, _ = resolve_accelerator(info, accelerator)
+    sem = local_semantics(job, dev, acc)
+    say = progress or (lambda msg: None)
+    say(f"building {job.model_label} on {dev} ({info.name})")
+    return dev, info, acc, sem, say
+
+
 def build_on_device(job: Job, sem: KernelSemantics, dev: torch.device) -> tuple[ModelBundle, list]:
     """The job's model, prepared as the tracer prepares it, with real weights on `dev`.
     Returns (bundle, checkpointed block names)."""
@@ -170,15 +186,7 @@ def run_measurement(job: Job, steps: int = 10, warmup: int = 3, device: str | No
     `accelerator` (catalog id) names the device for the prediction; by default it is detected
     from the CUDA device name. `out` is the JSON-lines file (default $TRAINPLAN_HOME).
     """
-    if steps < 1:
-        raise TrainplanError(f"--steps must be >= 1, got {steps}.")
-    check_measurable(job)
-    dev = resolve_device(device)
-    info = describe_device(dev)
-    acc, _ = resolve_accelerator(info, accelerator)
-    sem = local_semantics(job, dev, acc)
-    say = progress or (lambda msg: None)
-    say(f"building {job.model_label} on {dev} ({info.name})")
+    dev, info, acc, sem, say = on_device(job, steps, device, accelerator, progress)
     bundle, blocks = build_on_device(job, sem, dev)
     model = bundle.module
     params = [p for p in model.parameters() if p.requires_grad]

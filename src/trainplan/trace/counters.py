@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from . import moe
-from .shapes import kernel_shape
+from .shapes import ATTENTION, kernel_shape
 
 aten = torch.ops.aten
 
@@ -96,14 +96,7 @@ def replay_log(log: list[tuple], sizes: dict[int, int] | None = None, timeline: 
 MATMUL_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution,
               aten.convolution_backward, aten._convolution, aten.addbmm, aten.mv, aten.dot,
               aten._grouped_mm, aten._scaled_mm}     # _scaled_mm: FP8 GEMMs (trace/fp8.py)
-ATTENTION_OPS = {
-    aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward,
-    aten._scaled_dot_product_efficient_attention,
-    aten._scaled_dot_product_efficient_attention_backward,
-    aten._scaled_dot_product_cudnn_attention, aten._scaled_dot_product_cudnn_attention_backward,
-    aten._scaled_dot_product_flash_attention_for_cpu,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward,
-}
+ATTENTION_OPS = ATTENTION      # SDPA's backends' kernels, forward and backward (shapes.py)
 _FLASH = {aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward}
 # ops that launch no kernel (views, aliases, metadata queries, profiler markers): no bytes moved
 VIEW_OPS = {
