@@ -355,14 +355,18 @@ def reference(case: Case) -> tuple[dict, int]:
 
 
 def run_series(path: str, points: int, seed: int = 0, work: Path | None = None,
-               say=print) -> dict:
-    """`points` kills on `path`; {"kills", "mid_save", "failures": [...], "series"}."""
+               say=print, ref: tuple[dict, int] | None = None) -> dict:
+    """`points` kills on `path`; {"kills", "mid_save", "failures": [...], "series"}. `ref`: the
+    reference run's (`reference`) result for this path, where the caller has it already (the
+    tests share one per path); else it is run here."""
     import torch
     rng = random.Random(seed)
     root = Path(work or tempfile.mkdtemp(prefix=f"faults-{path}-"))
-    ref_case = Case(path, root / "reference")
-    ref_case.work.mkdir(parents=True, exist_ok=True)
-    ref_steps, ref_final = reference(ref_case)
+    if ref is None:
+        ref_case = Case(path, root / "reference")
+        ref_case.work.mkdir(parents=True, exist_ok=True)
+        ref = reference(ref_case)
+    ref_steps, ref_final = ref
     out = {"kills": 0, "mid_save": 0, "failures": [], "series": 0, "resumes": 0}
     case, floor = None, 0
     while out["kills"] < points:

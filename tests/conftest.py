@@ -28,10 +28,21 @@ def _session_trace_store(tmp_path_factory):
     mp.undo()
 
 
+@pytest.fixture(scope="session")
+def _session_cache(tmp_path_factory):
+    """$TRAINPLAN_HOME/cache for the whole session: what can be rebuilt (transformers' import
+    table, models/hf_import.py) is built once per run, by the first process that needs it, and
+    read by every test and every `trainplan` process the tests start after it."""
+    return tmp_path_factory.mktemp("trainplan_cache")
+
+
 @pytest.fixture(autouse=True)
-def _isolated_trainplan_home(tmp_path_factory, monkeypatch):
-    """A developer's own `trainplan calibrate` file must not change what the tests see."""
-    monkeypatch.setenv("TRAINPLAN_HOME", str(tmp_path_factory.mktemp("trainplan_home")))
+def _isolated_trainplan_home(tmp_path_factory, monkeypatch, _session_cache):
+    """A developer's own `trainplan calibrate` file must not change what the tests see: each
+    test has its own empty home (measurements, calibration), its cache/ the session's."""
+    home = tmp_path_factory.mktemp("trainplan_home")
+    (home / "cache").symlink_to(_session_cache, target_is_directory=True)
+    monkeypatch.setenv("TRAINPLAN_HOME", str(home))
 
 
 @pytest.fixture(scope="session")

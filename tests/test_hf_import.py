@@ -30,7 +30,8 @@ def _tables(mode: str):
     return pickle.loads(r.stdout)
 
 
-def test_cached_tables_equal_transformers_own_and_are_written_once():
+def test_cached_tables_equal_transformers_own_and_are_written_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINPLAN_HOME", str(tmp_path / "home"))   # not the session's cache
     plain = _tables("plain")
     assert not list(hf_import.cache_dir().glob("hf-import-structure-*.pickle"))
     assert _tables("cached") == plain                       # built, then written

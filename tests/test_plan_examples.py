@@ -4,7 +4,7 @@ with a wide margin (ratios of 2x or more, memory far from the limit), plus close
 import math
 
 import pytest
-
+from plan_examples import example_doc
 
 from trainplan.plan import Planner, make_plan, select_platforms
 from trainplan.plan import sessions as ses
@@ -93,34 +93,42 @@ def test_graphmer_50k_steps_sessions_follow_the_session_arithmetic(graphmer):
     assert t4.sessions.quota_weeks < 1                 # still inside one week's 30 h
 
 
+def _platform(doc: dict, platform_id: str) -> dict:
+    return next(p for p in doc["platforms"] if p["platform_id"] == platform_id)
+
+
 def test_glf_cr_runs_as_written_on_kaggle_t4x2():
-    job = _load("examples/glf-cr-2xt4.yaml")
-    plan = make_plan(job, select_platforms(list(job.platforms)))
-    p = plan.platform("kaggle-t4x2")
-    assert plan.winner == "kaggle-t4x2" and p.verdict == "READY" and not p.changes
-    assert (p.strategy, p.micro_batch_size, p.grad_accum, p.global_batch_size) == ("dp", 2, 1, 4)
-    assert plan.steps == 2_500                                           # 10 x 1000 / 4
-    assert p.sessions.sessions == 1
-    assert p.device_used_bytes < 0.5 * p.capacity_bytes                  # seed: "~6GB per GPU" fits
-    assert any("DataParallel" in f["message"] for f in p.findings)       # DDP advised, not required
+    """Read off the example's plan as `trainplan plan --format json` gives it, made once per test
+    session (plan_examples.py, shared with the golden and report tests): not planned again."""
+    doc = example_doc("glf-cr-2xt4")
+    p = _platform(doc, "kaggle-t4x2")
+    assert doc["winner"] == "kaggle-t4x2" and p["verdict"] == "READY" and not p["changes"]
+    assert (p["strategy"], p["micro_batch_size"], p["grad_accum"], p["global_batch_size"]) == (
+        "dp", 2, 1, 4)
+    assert doc["steps"] == 2_500                                         # 10 x 1000 / 4
+    assert p["sessions"]["sessions"] == 1
+    assert p["device_used_bytes"] < 0.5 * p["capacity_bytes"]            # seed: "~6GB per GPU" fits
+    assert any("DataParallel" in f["message"] for f in p["findings"])    # DDP advised, not required
     # checkpoint: fp32 weights + Adam's two moments = 12 bytes a parameter (+ allocation rounding)
-    assert p.storage.checkpoint_bytes == pytest.approx(12 * plan.job.params_total, rel=0.01)
+    assert p["storage"]["checkpoint_bytes"] == pytest.approx(12 * doc["job"]["params_total"],
+                                                             rel=0.01)
 
 
 def test_chart_rvr_plans_the_whole_grpo_step():
-    job = _load("examples/chart-rvr-grpo.yaml")
-    plan = make_plan(job, select_platforms(list(job.platforms)))
-    assert not any("not counted" in n for n in plan.notes)
-    for p in plan.platforms:     # generation (the rollouts) and training, nothing else (beta 0)
-        assert p.step_phases_s["generation"] > p.step_phases_s["training"] > 0
-        assert p.step_phases_s["reference"] == 0
-    assert plan.job.params_trainable == 18_576_384                       # the seed's own log line
-    assert plan.steps == 10_000                                          # 10k prompts x 2 / 2
-    t4, a100 = plan.platform("kaggle-t4x2"), plan.platform("colab-pro-a100")
+    """The whole GRPO example, planned once per test session (plan_examples.py): its cold plan
+    is the suite's longest, and the golden, report and agreement tests read the same one."""
+    doc = example_doc("chart-rvr-grpo")
+    assert not any("not counted" in n for n in doc["notes"])
+    for p in doc["platforms"]:  # generation (the rollouts) and training, nothing else (beta 0)
+        assert p["step_phases_s"]["generation"] > p["step_phases_s"]["training"] > 0
+        assert p["step_phases_s"]["reference"] == 0
+    assert doc["job"]["params_trainable"] == 18_576_384                  # the seed's own log line
+    assert doc["steps"] == 10_000                                        # 10k prompts x 2 / 2
+    t4, a100 = _platform(doc, "kaggle-t4x2"), _platform(doc, "colab-pro-a100")
     # the seed loads the model in bf16: a T4 cannot, so its plan starts by switching to fp16
-    assert t4.precision.startswith("fp16") and "no bf16" in t4.changes[0]
-    assert t4.verdict != "READY" and a100.precision.startswith("bf16")
-    assert t4.storage is None or t4.storage.weights_bytes < 200e6        # adapters only, not 3.8B
-    assert a100.storage.weights_bytes < 200e6 and a100.storage.adapter_only
-    assert a100.fits and a100.sessions.sessions > 1    # generation: days of steps, 24 h sessions
-    assert plan.winner == "colab-pro-a100"
+    assert t4["precision"].startswith("fp16") and "no bf16" in t4["changes"][0]
+    assert t4["verdict"] != "READY" and a100["precision"].startswith("bf16")
+    assert t4["storage"] is None or t4["storage"]["weights_bytes"] < 200e6   # adapters, not 3.8B
+    assert a100["storage"]["weights_bytes"] < 200e6 and a100["storage"]["adapter_only"]
+    assert a100["fits"] and a100["sessions"]["sessions"] > 1   # generation: days, 24 h sessions
+    assert doc["winner"] == "colab-pro-a100"

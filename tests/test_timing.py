@@ -1,9 +1,11 @@
-"""Physics checks of the step-time model on small traced models (GPT-2 124M)."""
+"""Physics checks of the step-time model on small traced models (GPT-2 124M).
+
+How long the model takes over every accelerator is a benchmark, run, not asserted on here:
+`python scripts/bench_estimate.py` (its time-only column; the target is 2 s a job)."""
 from __future__ import annotations
 
 import csv
 import functools
-import time
 from importlib import resources
 
 import pytest
@@ -54,16 +56,6 @@ def test_never_beats_peak_on_any_accelerator():
             assert set(parts) == {"compute", "memory_bound", "communication", "optimizer",
                                   "data_wait", "overhead"}
             assert st.step_time_s == pytest.approx(sum(parts.values()), rel=1e-9)
-
-
-def test_all_accelerators_fast():
-    tr = trace()
-    j = job()
-    accels = [get_accelerator(a) for a in catalog_ids()]
-    t0 = time.perf_counter()
-    for a in accels:
-        estimate_step_time(tr, a, j)
-    assert time.perf_counter() - t0 < 2.0
 
 
 def test_doubling_batch_doubles_compute_bound_step():
