@@ -29,8 +29,12 @@ def load_file(path: str | Path, what: str = "config") -> dict:
         raise TrainplanError(f"{path} is a folder, not a {what} file.")
     try:
         text = path.read_text(encoding="utf-8")
-    except (UnicodeDecodeError, OSError) as e:
-        raise TrainplanError(f"{path} cannot be read as text: {e}.") from None
+    except UnicodeDecodeError as e:     # the same words as a job file's (spec.py)
+        raise TrainplanError(f"{path} is not text (byte {e.start} is not UTF-8): a binary file?",
+                             fix=f"give a YAML or JSON {what} file") from None
+    except OSError as e:
+        raise TrainplanError(f"Cannot read {path}: {e.strerror or e}.",
+                             fix=f"give a readable {what} file") from None
     try:
         data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as e:
@@ -43,8 +47,8 @@ def load_file(path: str | Path, what: str = "config") -> dict:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise TrainplanError(f"{path} must hold a mapping of settings, not a "
-                             f"{type(data).__name__}.")
+        raise TrainplanError(f"{path} must be a YAML mapping of settings, not a "
+                             f"{type(data).__name__}.", fix="write `key: value` lines")
     return data
 
 
