@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 from ..accelerators import Accelerator
 from ..trace.tracer import Trace
+from ..units import fmt_gib
 from . import algorithms, compat
 from .allocator import rules_for
 from .calibration import BUNDLED_ONLY, Calibration
@@ -81,22 +82,20 @@ class Evaluation:
 
 
 def memory_finding(mem: MemoryEstimate, accel: Accelerator) -> Finding:
-    gib = 2**30
-    return Finding("error", f"needs {mem.required_bytes / gib:.2f} GiB per device, {accel.id} has "
-                            f"{mem.capacity_bytes / gib:.2f} GiB",
+    return Finding("error", f"needs {fmt_gib(mem.required_bytes)} per device, {accel.id} has "
+                            f"{fmt_gib(mem.capacity_bytes)}",
                    "a smaller micro-batch with accumulation, or `trainplan plan` for the fix "
                    "ladder (checkpointing, LoRA, ZeRO, offload)", kind="memory")
 
 
 def tight_finding(mem: MemoryEstimate, accel: Accelerator) -> Finding:
-    gib = 2**30
-    held = (f"the allocator must give cached memory back to run it ({mem.held_bytes / gib:.2f} "
-            f"GiB with room)" if mem.fit_margin < 0 else
+    held = (f"the allocator must give cached memory back to run it ({fmt_gib(mem.held_bytes)} "
+            f"with room)" if mem.fit_margin < 0 else
             f"{mem.fit_margin:.0%} of it free")
     band = (f"; with the band (+{mem.band.p95:.1%}, {mem.band.basis}, {mem.band.rows} "
-            f"validated runs) it needs {mem.banded_bytes / gib:.2f} GiB, fitting "
+            f"validated runs) it needs {fmt_gib(mem.banded_bytes)}, fitting "
             f"{mem.fit_probability:.0%} of them" if mem.band is not None else "")
-    return Finding("warning", f"tight: fits {accel.id}'s {mem.capacity_bytes / gib:.2f} GiB on "
+    return Finding("warning", f"tight: fits {accel.id}'s {fmt_gib(mem.capacity_bytes)} on "
                               f"paper, with {held}{band}; prone to out-of-memory errors",
                    "for headroom: a smaller micro-batch with more accumulation, activation "
                    "checkpointing, or `trainplan plan` for the fix ladder", kind="memory")
@@ -106,7 +105,7 @@ def gpu0_finding(mem: MemoryEstimate) -> list[Finding]:
     """DataParallel's imbalance, when the memory model found one."""
     if not mem.gpu0_extra_bytes:
         return []
-    return [Finding("warning", f"GPU 0 holds {mem.gpu0_extra_bytes / 2**30:.2f} GiB more than the "
+    return [Finding("warning", f"GPU 0 holds {fmt_gib(mem.gpu0_extra_bytes)} more than the "
                                "others (DataParallel gathers outputs there).",
                     "use DDP (torchrun): --strategy ddp", kind="strategy")]
 
