@@ -58,7 +58,8 @@ from .comm import collective_s
 from .target import semantics_for
 from .host import issue_times, run_queue
 from .optable import summarize
-from .timing import load_efficiency, op_times
+from .time_params import TimeParams, bundled
+from .timing import op_times
 from ..trace.parallel import Forward
 from .depth import HIGH, whole_forward
 from .traces import Deferred, defer_forward, may_trace
@@ -110,7 +111,7 @@ class GenerationEstimate:
     notes: list[str] = field(default_factory=list)
 
 
-def step_cost(tr: InferenceTrace, accel, precision, p: dict,
+def step_cost(tr: InferenceTrace, accel, precision, p: TimeParams,
               gather: tuple[float, float] = (0.0, 0.0)) -> StepCost:
     """Time one traced forward with the training time model (timing.op_times)."""
     table = summarize(tr)
@@ -186,7 +187,7 @@ def estimate_generation(job, accel, *, prompts: int, generations_per_prompt: int
                         prompt_len: int, completion_len: int, engine: str = "hf",
                         sharded_weights_devices: int = 1, gather_once: bool = False,
                         gpu_memory_utilization: float | None = None,
-                        calibration: dict | None = None) -> GenerationEstimate:
+                        calibration: TimeParams | None = None) -> GenerationEstimate:
     """Seconds and bytes to generate `completion_len` tokens for each of prompts x
     generations_per_prompt sequences on one `accel` device (module docstring)."""
     if engine not in ENGINES:
@@ -194,7 +195,7 @@ def estimate_generation(job, accel, *, prompts: int, generations_per_prompt: int
     if min(prompts, generations_per_prompt, prompt_len, completion_len,
            sharded_weights_devices) < 1:
         raise TrainplanError("prompts, generations, lengths and devices must be >= 1.")
-    p = calibration or load_efficiency()
+    p = calibration or bundled()
     notes: list[str] = []
     if engine == "vllm" and job.precision.amp:
         job = job.with_(precision="bf16" if job.precision.is_bf16 else "fp16")
@@ -244,7 +245,7 @@ def estimate_generation(job, accel, *, prompts: int, generations_per_prompt: int
         # the measured bandwidth fraction, on top of the step traced at context 1
         per_token = kv_cache_bytes(pre.layers, pre.kv_heads, pre.head_dim, B,
                                    pre.kv_dtype_bytes) / (accel.memory_bandwidth_bytes_per_s
-                                                          * p["bw_eff"])
+                                                          * p.bw_eff)
         first, last = P, P + max(C - 2, 0)
         T0, T1 = T0 + per_token * first, T0 + per_token * last
         notes.append("vLLM decode: the step traced at context 1 plus one read of the KV cache "

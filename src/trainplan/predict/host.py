@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .optable import FORWARD, OPTIMIZER, OpTable
+from .time_params import TimeParams
 
 # kernels whose output size depends on the data: the host reads it back before it can go on
 SYNC_OPS = frozenset({"nonzero", "masked_select", "_unique2", "unique_consecutive",
@@ -90,16 +91,16 @@ def _segment(host: np.ndarray, device: np.ndarray) -> Queue:
     return Queue(float(d_cum[-1]), float(h_cum[-1]), lag)
 
 
-def host_costs(p: dict) -> dict[str, float]:
+def host_costs(p: TimeParams) -> dict[str, float]:
     """Seconds the reference host spends issuing one op of each kind (module docstring)."""
-    d, scale, launch = p["host_dispatch"], p["host_scale"], p["cuda_launch_s"]
-    return {"forward": scale * d["forward_op_s"] + launch,
-            "backward": scale * d["backward_op_s"] + launch,
-            "inference": scale * d["inference_op_s"] + launch,
-            "view": scale * d["view_s"]}
+    d, scale, launch = p.host_dispatch, p.host_scale, p.cuda_launch_s
+    return {"forward": scale * d.forward_op_s + launch,
+            "backward": scale * d.backward_op_s + launch,
+            "inference": scale * d.inference_op_s + launch,
+            "view": scale * d.view_s}
 
 
-def issue_times(table: OpTable, p: dict, speed: float = 1.0, inference: bool = False,
+def issue_times(table: OpTable, p: TimeParams, speed: float = 1.0, inference: bool = False,
                 processes: int = 1) -> np.ndarray:
     """Host seconds to issue each kernel of `table.seq` (module docstring). `processes` > 1:
     torch.nn.DataParallel issues every device's kernels from one Python thread."""
@@ -163,7 +164,7 @@ def _issue(table: OpTable) -> _Issue:
     return memo
 
 
-def step_queue(table: OpTable, device: np.ndarray, p: dict, k: int = 1, speed: float = 1.0,
+def step_queue(table: OpTable, device: np.ndarray, p: TimeParams, k: int = 1, speed: float = 1.0,
                processes: int = 1, sync_before_optimizer: bool = False) -> StepQueue:
     """Run a training step's kernels through the queue: `device` is each unique op's device
     time (timing.op_times); k micro-batches back to back, then the optimizer step, which
