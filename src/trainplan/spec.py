@@ -21,23 +21,24 @@ import yaml
 
 from . import algorithm as algo_mod
 from . import campaign as camp_mod
+from . import optimizer as opt_mod
 from . import precision as prec_mod
 from . import quantization as quant_mod
 from . import strategy as strat_mod
 from .algorithm import Rollout
 from .campaign import CampaignSpec
-from .errors import TrainplanError, close_matches
+from .errors import TrainplanError, unknown
 from .models.dims import TransformerDims
 from .models.hf_names import normalize_model_ref
+from .optimizer import Offload, Optimizer
 from .precision import FP32, Precision
 from .quantization import Quantization
 from .strategy import DDP, SINGLE, Strategy
 
 PRECISIONS = prec_mod.NAMES
 STRATEGIES = strat_mod.NAMES
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit", "lion",
-              "paged-adamw", "paged-adamw-8bit")
-OFFLOADS = ("none", "optimizer", "optimizer+params")
+OPTIMIZERS = opt_mod.NAMES
+OFFLOADS = opt_mod.OFFLOAD_NAMES
 CHECKPOINTING = ("none", "full", "selective")
 CHECKPOINT_IMPLS = ("auto", "reentrant", "non-reentrant")
 ATTENTIONS = ("auto", "eager", "sdpa", "flash", "efficient", "math")
@@ -47,10 +48,6 @@ ATTENTIONS = ("auto", "eager", "sdpa", "flash", "efficient", "math")
 FROZEN_HALF = ("none", "embeddings", "all")
 QUANTIZE = quant_mod.NAMES
 TASKS = ("causal-lm", "masked-lm", "seq-classification", "seq2seq", "image-classification")
-# other spellings of an optimizer (bitsandbytes' class names, the HF Trainer's `optim` values)
-OPTIMIZER_ALIASES = {"adamw8bit": "adamw-8bit", "adam8bit": "adamw-8bit",
-                     "8bit-adamw": "adamw-8bit", "adamw-bnb-8bit": "adamw-8bit",
-                     "paged-adamw-32bit": "paged-adamw", "paged-adamw8bit": "paged-adamw-8bit"}
 
 @dataclass(frozen=True)
 class Lora:
@@ -76,7 +73,7 @@ class Job:
     image_size: int | None = None
     images_per_sample: int | None = None   # vision-language models: images in each sample
     precision: Precision = FP32          # parsed from any spelling on construction
-    optimizer: str = "adamw"
+    optimizer: Optimizer = opt_mod.ADAMW   # parsed from any spelling on construction
     grad_checkpointing: str = "none"
     checkpoint_impl: str = "auto"       # torch.utils.checkpoint's use_reentrant; see below
     attention: str = "auto"
@@ -89,7 +86,7 @@ class Job:
     gpu: str | None = None
     gpus: int = 1
     strategy: Strategy = SINGLE          # parsed from any spelling on construction
-    offload: str = "none"
+    offload: Offload = opt_mod.NO_OFFLOAD  # parsed from any spelling on construction
     expert_parallel: int = 1             # MoE: experts split over this many of the devices
     algorithm: str = "sft"               # sft | grpo | dpo | ppo (algorithm.py)
     rollout: Rollout | None = None       # grpo / ppo: what each step generates (algorithm.py)
@@ -106,11 +103,13 @@ class Job:
     notes: tuple[str, ...] = ()
 
     def __post_init__(self):
-        """Precision, strategy and quantisation are parsed here, once, whatever spelling built
-        the job."""
+        """Precision, strategy, quantisation, optimizer and offload are parsed here, once,
+        whatever spelling built the job."""
         object.__setattr__(self, "precision", prec_mod.parse(self.precision))
         object.__setattr__(self, "quantize", quant_mod.parse(self.quantize))
         object.__setattr__(self, "strategy", strat_mod.parse(self.strategy))
+        object.__setattr__(self, "optimizer", opt_mod.parse(self.optimizer))
+        object.__setattr__(self, "offload", opt_mod.parse_offload(self.offload))
 
     @property
     def model_label(self) -> str:
@@ -474,10 +473,8 @@ def job_from_dict(data: dict, node=None, source: str = "job", base_dir: Path | N
         k = next(iter(data))
         line = _line_of(node, k)
         where = f"{source}, line {line}" if line else source
-        matches = close_matches(k, sorted(_FIELDS))
-        hint = f" Did you mean {', '.join(matches)}?" if matches else ""
-        raise TrainplanError(f"{where}: unknown setting {k!r}.{hint}",
-                             allowed=", ".join(sorted(_FIELDS)))
+        raise unknown("setting", k, sorted(_FIELDS), what=f"{where}: unknown setting {k!r}.",
+                      show=str, allowed=", ".join(sorted(_FIELDS)))
     _check_types(kw, node, source)
     kw["notes"] = tuple(notes)
     kw["base_dir"] = base_dir
@@ -494,10 +491,8 @@ def load_job(path: str | Path) -> Job:
 
 def _choice(name: str, value, allowed) -> None:
     if value not in allowed:
-        m = close_matches(str(value), allowed)
-        hint = f" Did you mean {m[0]!r}?" if m else ""
-        raise TrainplanError(f"--{name.replace('_', '-')} {value!r} is not a choice.{hint}",
-                             allowed=", ".join(allowed))
+        raise unknown(name, str(value), allowed, n=1, allowed=", ".join(allowed),
+                      what=f"--{name.replace('_', '-')} {value!r} is not a choice.")
 
 
 def _positive_int(name: str, value, allow_none=False) -> None:
@@ -528,10 +523,6 @@ def check_steps(steps, where: str = "--steps") -> None:
 def validate(job: Job) -> Job:
     """Check every setting; normalise aliases. Raises TrainplanError naming the bad setting."""
     job = job.with_(model=normalize_model_ref(job.model))   # `path/config.json` -> `hf:path/...`
-    name = str(job.optimizer).lower().replace("_", "-")
-    job = job.with_(optimizer=OPTIMIZER_ALIASES.get(name, name))
-    _choice("optimizer", job.optimizer, OPTIMIZERS)
-    _choice("offload", job.offload, OFFLOADS)
     _choice("grad_checkpointing", job.grad_checkpointing, CHECKPOINTING)
     _choice("checkpoint_impl", job.checkpoint_impl, CHECKPOINT_IMPLS)
     if job.grad_checkpointing == "selective" and job.checkpoint_impl == "reentrant":

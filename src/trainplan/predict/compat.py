@@ -28,7 +28,6 @@ from ..accelerators import Accelerator
 from ..errors import TrainplanError
 from ..precision import BF16_AMP, FP16_AMP, FP8_AO_TENSORWISE, FP8_TE_CURRENT
 from ..strategy import DDP, DP, SINGLE
-from ..trace.optimizers import BNB as BNB_OPTIMIZERS
 from ..trace.semantics import ROCM_EXPERIMENTAL_SDPA
 from ..units import fmt_bytes
 from .findings import Finding
@@ -55,7 +54,7 @@ def _gpu(accel) -> bool:
 
 
 def _bnb(job) -> bool:
-    return job.quantize.bnb or job.optimizer in BNB_OPTIMIZERS
+    return job.quantize.bnb or job.optimizer.bnb
 
 
 def _bnb_what(job) -> str:
@@ -103,10 +102,10 @@ RULES: tuple[Rule, ...] = (
          lambda j, a: f"{a.id} cannot run bitsandbytes ({_bnb_what(j)}): its kernels are CUDA-only.",
          lambda j, a: "on a TPU use LoRA in bf16 (--quantize none) and --optimizer adamw or adafactor",
          lambda j, a: j.with_(quantize="none",
-                              optimizer="adamw" if j.optimizer in BNB_OPTIMIZERS else j.optimizer),
+                              optimizer="adamw" if j.optimizer.bnb else j.optimizer),
          fatal=True),
     Rule("bitsandbytes-optimizers-mps", "error",
-         lambda j, a: a.backend == "mps" and j.optimizer in BNB_OPTIMIZERS,
+         lambda j, a: a.backend == "mps" and j.optimizer.bnb,
          lambda j, a: f"bitsandbytes' 8-bit and paged optimizers ({j.optimizer}) are not "
                       "supported on Apple's Metal backend (planned; QLoRA 4-bit and LLM.int8 are).",
          lambda j, a: "use --optimizer adamw (or adafactor to save optimizer memory)",

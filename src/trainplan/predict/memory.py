@@ -64,15 +64,10 @@ from importlib import resources
 
 from ..accelerators import Accelerator
 from ..strategy import DDP, DP
-from ..trace.optimizers import PAGED as PAGED_OPTIMIZERS
 from ..trace.tracer import Trace
 from . import bands, sharding
 from .allocator import CUDA, Rules, replay, rules_for
 from .sharding import largest_trainable_tensor_bytes
-
-# torch.optim optimizers whose step runs multi-tensor (foreach) on CUDA; the others in
-# trace/optimizers.py (Lion, Adafactor, 8-bit AdamW) are traced as per-parameter loops already
-FOREACH_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
 
 
 @dataclass(frozen=True)
@@ -237,7 +232,8 @@ def _apply_runtime(c: dict[str, float], job, trace: Trace, phase: str, rt: Runti
         c["activations"] += saved + (rerun if phase == "backward" else 0)
     if not rt.zero_grad_set_to_none and phase in ("forward", "backward"):
         c["gradients"] = max(c["gradients"], float(trace.gradient_bytes))
-    if not rt.optimizer_foreach and phase == "optimizer" and job.optimizer in FOREACH_OPTIMIZERS:
+    # only torch.optim's steps run multi-tensor (optimizer.py); the others are per-parameter loops
+    if not rt.optimizer_foreach and phase == "optimizer" and job.optimizer.foreach:
         share = largest_trainable_tensor_bytes(trace) / max(1, trace.trainable_param_bytes)
         c["temporaries"] *= min(1.0, share)
 
@@ -252,11 +248,11 @@ def _transform(cats: dict[str, int], job, trace: Trace, phase: str,
     c = {k: float(v) for k, v in cats.items()}
     _apply_runtime(c, job, trace, phase, rt or runtime())
     sharding.per_device(c, job, trace, phase, n)
-    if job.offload in ("optimizer", "optimizer+params"):
+    if job.offload.states:
         c["optimizer_states"] = 0
         if phase == "optimizer":
             c["temporaries"] = 0
-    if job.offload == "optimizer+params":
+    if job.offload.params:
         c["weights"] = 0 if s.shards_weights else c["weights"]
     if s is DDP and n > 1 and ddp_buckets:
         c["gradients"] += trace.gradient_bytes   # bucket copies, allocated at DDP construction
@@ -315,7 +311,7 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
                                                        trace.peak_breakdown_bytes)}
     best_phase, best = None, None
     devices = max(1, job.gpus) * accel.devices_per_unit
-    paged_states = job.optimizer in PAGED_OPTIMIZERS
+    paged_states = job.optimizer.paged
     fixed = 0
     candidates, stream_held = [], {}
     for phase, (_total, cats) in phases.items():
@@ -340,7 +336,7 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
     allocated = sum(best.values())
     # paged optimizer states live in CUDA unified memory, outside the caching allocator: on the
     # device while there is room, paged to host RAM by the driver when it runs short
-    paged = best["optimizer_states"] if job.optimizer in PAGED_OPTIMIZERS else 0
+    paged = best["optimizer_states"] if paged_states else 0
     allocated -= paged
     # the single-device replay's fragmentation, scaled to what this strategy's device holds
     frag = frag or fragmentation(trace, rules_for(accel.backend))
@@ -401,8 +397,8 @@ def _host_ram(trace: Trace, job, accel: Accelerator) -> int:
     procs = accel.devices_per_unit * max(1, job.gpus) if accel.kind == "tpu" else (
         max(1, job.gpus) if job.strategy is not DP else 1)
     host = procs * trace.weight_bytes
-    if job.offload in ("optimizer", "optimizer+params"):
+    if job.offload.states:
         host += trace.optimizer_state_bytes + trace.gradient_bytes
-    if job.offload == "optimizer+params":
+    if job.offload.params:
         host += trace.weight_bytes
     return int(host)
