@@ -22,14 +22,14 @@ RDNA parts. Apple's MPS has one device, no DeepSpeed and no flash-attn build, an
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..accelerators import Accelerator
 from ..errors import TrainplanError
 from ..precision import BF16_AMP, FP16_AMP, FP8_AO_TENSORWISE, FP8_TE_CURRENT
 from ..strategy import DDP, DP, SINGLE
 from ..trace.semantics import ROCM_EXPERIMENTAL_SDPA
-from ..units import fmt_bytes
+from ..units import fmt_bytes, fmt_gib
 from .findings import Finding
 from .target import devices
 
@@ -170,8 +170,7 @@ RULES: tuple[Rule, ...] = (
          lambda j, a: None, kind="advice"),
     Rule("dataparallel-imbalance", "warning",
          lambda j, a: j.strategy is DP and j.gpus > 1,
-         lambda j, a: "DataParallel gathers outputs and keeps the optimizer on GPU 0 (more memory "
-                      "there) and runs one Python thread per GPU.",
+         lambda j, a: _dataparallel(),
          lambda j, a: "use DDP (torchrun --nproc-per-node N): --strategy ddp", kind="advice"),
     Rule("tpu-computes-bf16", "info",
          lambda j, a: a.kind == "tpu" and j.precision is FP16_AMP,
@@ -190,6 +189,25 @@ RULES: tuple[Rule, ...] = (
          lambda j, a: f"{j.precision.label}: small updates can round away.",
          lambda j, a: f"use --precision {j.precision}-amp unless memory forbids", kind="advice"),
 )
+
+
+def _dataparallel(gpu0_extra_bytes: int = 0) -> str:
+    """The DataParallel finding's words, with what GPU 0 holds beyond the others where the
+    memory model has it (memory.py `gpu0_extra_bytes`)."""
+    more = f"{fmt_gib(gpu0_extra_bytes)} more memory there" if gpu0_extra_bytes else \
+        "more memory there"
+    return (f"DataParallel gathers outputs and keeps the optimizer on GPU 0 ({more}) and runs one "
+            "Python thread per GPU.")
+
+
+def with_gpu0(findings: list[Finding], gpu0_extra_bytes: int) -> list[Finding]:
+    """`findings` with the DataParallel finding saying how much more GPU 0 holds: one finding
+    for DataParallel, not a second one from the memory model."""
+    if not gpu0_extra_bytes:
+        return findings
+    plain = _dataparallel()
+    return [replace(f, message=_dataparallel(gpu0_extra_bytes)) if f.message == plain else f
+            for f in findings]
 
 
 def check(job, accel: Accelerator, strict: bool = True) -> list[Finding]:

@@ -101,15 +101,6 @@ def tight_finding(mem: MemoryEstimate, accel: Accelerator) -> Finding:
                    "checkpointing, or `trainplan plan` for the fix ladder", kind="memory")
 
 
-def gpu0_finding(mem: MemoryEstimate) -> list[Finding]:
-    """DataParallel's imbalance, when the memory model found one."""
-    if not mem.gpu0_extra_bytes:
-        return []
-    return [Finding("warning", f"GPU 0 holds {fmt_gib(mem.gpu0_extra_bytes)} more than the "
-                               "others (DataParallel gathers outputs there).",
-                    "use DDP (torchrun): --strategy ddp", kind="strategy")]
-
-
 def memory_at(job, accel: Accelerator, traces: Traces, sem, batch: int
               ) -> tuple[Trace, bool, MemoryEstimate]:
     """(trace, interpolated?, memory) of `job` at micro-batch `batch`, with the allocator's
@@ -154,7 +145,7 @@ def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
         alg = algorithms.step(job, accel, tr, mem, time, devices(job, accel), resident_in=True)
         phases, generation, mem = alg.phases_s, alg.generation, alg.memory
         time = with_phases(time, phases, alg.notes)
-    findings += gpu0_finding(mem)
+    findings = compat.with_gpu0(findings, mem.gpu0_extra_bytes)
     if job.expert_parallel > 1 and not tr.expert_param_bytes:
         findings.append(Finding("warning", f"expert parallelism ({job.expert_parallel}) asked, "
                                            "but the model has no mixture-of-experts layers",
