@@ -122,12 +122,13 @@ def test_summed_decode_equals_affine_closed_form():
     ("hf:openai-community/gpt2-medium", "fp16-amp", False),
 ])
 def test_a_forward_traced_with_4_layers_reads_as_the_whole_stack(model, precision, lora):
-    """predict/depth.py `whole_forward`: a prefill and a decode step traced with 4 of the
+    """trace/derive/stitch.py `whole_forward`: a prefill and a decode step traced with 4 of the
     model's 16-24 layers, the others read off the last (its ops, parameters, weights and cache,
     and the memory log repeated over every layer for the peak), equal the forward traced with
     all of them: the same ops, parameters, weight, KV cache and peak bytes."""
     from collections import Counter
-    from trainplan.predict.depth import HIGH, whole_forward
+    from trainplan.trace.derive.stitch import whole_forward
+    from trainplan.trace.stack import HIGH
     from trainplan.spec import Lora
     job = validate(Job(model=model, batch_size=B, seq_len=P, precision=precision,
                        lora=Lora() if lora else None))

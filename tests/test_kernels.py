@@ -89,9 +89,9 @@ def test_a_traced_step_carries_its_kernel_shapes():
 
 
 def test_shapes_read_off_two_micro_batches_are_the_real_ones():
-    """The interpolated step's shapes (predict/interpolate.py, trace/shapes.on_line) equal a
+    """The interpolated step's shapes (trace/derive/interpolate.py, trace/shapes.on_line) equal a
     real trace's at that micro-batch, op by op."""
-    from trainplan.predict.interpolate import trace_between
+    from trainplan.trace.derive.interpolate import trace_between
     sem = KernelSemantics(attention="flash", autocast_dtype=torch.bfloat16)
 
     def tr(b):
@@ -176,7 +176,7 @@ def test_foreach_launches():
 def test_the_op_table_keeps_the_issue_order_of_a_cut_trace():
     """A trace read off a cut one repeats its last block's records; the op table puts their
     copies back after that block in each phase, so the queue sees blocks, then the head."""
-    from trainplan.predict.traces import Traces
+    from trainplan.trace.derive import Traces
     from trainplan.predict.target import semantics_for
     job = validate(Job(model="hf:meta-llama/Llama-3.2-1B", batch_size=1, seq_len=64,
                        precision="bf16-amp"))

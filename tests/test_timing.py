@@ -135,7 +135,7 @@ def test_inter_node_ring_uses_the_node_nic_bandwidth():
 
 def test_depthwise_conv_backward_flops_closed_form():
     # FLOPs of a depthwise 3x3 conv: 2 N H W C k^2 forward; backward = grad_input + grad_weight
-    from trainplan.trace.counters import _conv_backward_flops
+    from trainplan.trace.ops import _conv_backward_flops
     x = torch.empty(4, 32, 16, 16, device="meta")
     w = torch.empty(32, 1, 3, 3, device="meta")
     g = torch.empty(4, 32, 16, 16, device="meta")

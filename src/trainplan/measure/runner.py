@@ -34,7 +34,7 @@ from ..spec import Job
 from ..trace.checkpointing import apply_checkpointing
 from ..trace.optimizers import build_optimizer
 from ..trace.semantics import KernelSemantics, attention_backend_for
-from ..trace.tracer import autocast_dtype, prepare_model
+from ..trace.prepare import autocast_dtype, prepare_model
 from .device import describe_device, resolve_accelerator, resolve_device
 from .recorder import Recorder, check_measurable
 

@@ -32,7 +32,7 @@ from ..errors import TrainplanError
 from ..platforms import Platform, host_cpu
 from ..predict import BUNDLED_ONLY, Calibration, Evaluation, Traces, evaluate, largest_micro_batch
 from ..predict import compat
-from ..predict.traces import anchors_for
+from ..trace.derive import anchors_for
 from ..predict.algorithms import request_rollout
 from ..predict.target import devices as devices_of, semantics_for
 from ..strategy import DDP, DP, SINGLE
@@ -229,7 +229,7 @@ class Planner:
 
     def prime(self, jobs_platforms, accumulate: bool = False) -> None:
         """Trace at once, on all cores, what many platforms share: per traced variant and kernel
-        semantics, what evaluating the per-device batch P reads (predict/traces.py: the two
+        semantics, what evaluating the per-device batch P reads (trace/derive/anchoring.py: the two
         anchors, and micro-batch 1 where P is 1), and a generating job's rollout forwards at P;
         with `accumulate`, the steps with gradients accumulating."""
         requests = []

@@ -7,7 +7,7 @@ its reports all come through here.
 
 The largest micro-batch. Whether micro-batch b fits is decided on `MemoryEstimate.required_bytes`
 (memory.py), on the trace `Traces.at` gives for b: real at 1 and at the anchors 2 and 32, every
-other b read off the line through the anchors, which equals a real trace (interpolate.py). The
+other b read off the line through the anchors, which equals a real trace (trace/derive/). The
 search starts where the line through the anchors' memory crosses the capacity, gallops from
 there to a micro-batch that fits and one that does not, and finds the crossing between them
 (regula falsi); memory is non-decreasing in b, so the path does not change the answer. Every
@@ -21,17 +21,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..accelerators import Accelerator
-from ..trace.tracer import Trace
+from ..trace.derive import Deferred, Traces, anchors, anchors_for, fragmentation, rules_for
+from ..trace.facts import Trace
 from ..units import fmt_gib
 from . import algorithms, compat
-from .allocator import rules_for
 from .calibration import BUNDLED_ONLY, Calibration
 from .findings import Finding
-from .memory import (NO_FIT, MemoryEstimate, estimate_memory, fragmentation,
-                     fragmentation_between)
+from .memory import NO_FIT, MemoryEstimate, estimate_memory, fragmentation_between
 from .target import devices, semantics_for
 from .timing import StepTime, estimate_step_time
-from .traces import Deferred, Traces, anchors, anchors_for
 
 MAX_MICRO_BATCH = 65536    # the search's ceiling: beyond it the answer is this bound
 
@@ -108,7 +106,7 @@ def memory_at(job, accel: Accelerator, traces: Traces, sem, batch: int
     so memory is non-decreasing in the micro-batch."""
     tr, interpolated = traces.at(job, sem, batch)
     lo, hi = anchors(job)
-    rules = rules_for(accel.backend)     # the backend's allocator (allocator.py)
+    rules = rules_for(accel.backend)     # the backend's allocator (trace/derive/allocator.py)
     if batch <= lo:        # the line starts at lo: the larger anchor is not needed (nor traced)
         frag = fragmentation(traces.exact(job, sem, lo), rules)
     else:

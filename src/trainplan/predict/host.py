@@ -114,11 +114,11 @@ def issue_times(table: OpTable, p: TimeParams, speed: float = 1.0, inference: bo
 
 def sync_mask(table: OpTable) -> np.ndarray:
     """True for the kernels of `table.seq` the host waits on (SYNC_OPS); memoised."""
-    memo = table.__dict__.get("_sync")
+    memo = table.memo.sync
     if memo is None:
         unique = np.fromiter((n in SYNC_OPS for n in table.name), dtype=bool,
                              count=len(table.name))
-        memo = table.__dict__["_sync"] = unique[table.seq]
+        memo = table.memo.sync = unique[table.seq]
     return memo
 
 
@@ -148,7 +148,7 @@ class _Issue:
 
 
 def _issue(table: OpTable) -> _Issue:
-    memo = table.__dict__.get("_issue")
+    memo = table.memo.issue
     if memo is not None:
         return memo
     ph = table.phase[table.seq]
@@ -160,7 +160,7 @@ def _issue(table: OpTable) -> _Issue:
     kinds[3] = table.seq_host
     counts = np.concatenate([np.cumsum(kinds[:, :n_mb], axis=1),
                              np.cumsum(kinds[:, n_mb:], axis=1)], axis=1)
-    memo = table.__dict__["_issue"] = _Issue(n_fwd, n_mb, counts, bool(sync_mask(table).any()))
+    memo = table.memo.issue = _Issue(n_fwd, n_mb, counts, bool(sync_mask(table).any()))
     return memo
 
 

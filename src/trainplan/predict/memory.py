@@ -15,7 +15,7 @@ The per-device peak is the largest transformed phase peak.
 Three figures, as PyTorch users know them:
     peak_allocated_bytes  torch.cuda.max_memory_allocated()
     peak_reserved_bytes   torch.cuda.max_memory_reserved(): allocated plus the caching allocator's
-                          fragmentation, from replaying the traced allocations (allocator.py)
+                          fragmentation, from replaying the traced allocations (trace/derive/)
     device_used_bytes     reserved + CUDA context and kernels (+ NCCL's own buffers when
                           several GPUs communicate): what nvidia-smi shows
 
@@ -34,7 +34,7 @@ data/overheads.json; the default is today's PyTorch):
 A job fits when the CUDA context plus the least the allocator must reserve fits the device:
 near the limit the allocator gives cached free segments back and retries (allocator.py), so the
 step needs less than its unconstrained peak reserved. `required_bytes` = context + allocated +
-the replay's pinned fragmentation (segments a live block keeps: allocator.py): the smallest
+the replay's pinned fragmentation (segments a live block keeps: trace/derive/allocator.py): the smallest
 device the step runs on, whatever the device asked about, so the fit answer and the largest
 micro-batch do not depend on it. Fragmentation is measured on the single-device replay and
 scaled by the share of it a strategy's device holds. On a
@@ -64,9 +64,9 @@ from importlib import resources
 
 from ..accelerators import Accelerator
 from ..strategy import DDP, DP
-from ..trace.tracer import Trace
+from ..trace.derive import Fragmentation, fragmentation, rules_for
+from ..trace.facts import Trace
 from . import bands, sharding
-from .allocator import CUDA, Rules, replay, rules_for
 from .sharding import largest_trainable_tensor_bytes
 
 
@@ -259,38 +259,11 @@ def _transform(cats: dict[str, int], job, trace: Trace, phase: str,
     return {k: int(v) for k, v in c.items()}
 
 
-@dataclass(frozen=True)
-class Fragmentation:
-    """What the caching allocator holds beyond the allocated peak, in bytes of the traced
-    single-device step: `pinned` (segments a live block keeps, the least it must hold) and
-    `reserved` (everything it caches on a device with room)."""
-
-    pinned: int
-    reserved: int
-
-
-def fragmentation(trace: Trace, rules: Rules = CUDA) -> Fragmentation:
-    """The trace's own replay (allocator.py): peak pinned and peak reserved minus peak allocated
-    (a trace stitched from cut ones carries its own, made when first asked: predict/depth.py).
-    `rules`: the backend's allocator (CUDA and ROCm share one; MPS's heaps differ)."""
-    key = "fragmentation" if rules is CUDA else f"fragmentation:{rules.name}"
-    if key not in trace.derived and "fragmentation_from" in trace.derived:
-        make = trace.derived["fragmentation_from"]
-        trace.derived[key] = make() if rules is CUDA else make(rules=rules)
-    if key in trace.derived:
-        return trace.derived[key]
-    return replayed(*_replay_once(trace, rules))
-
-
-def replayed(alloc: int, reserved: int, pinned: int) -> Fragmentation:
-    """The fragmentation of an allocator replay's peaks (allocator.replay)."""
-    return Fragmentation(max(0, pinned - alloc), max(0, reserved - alloc))
-
-
 def fragmentation_between(at_lo: Fragmentation, at_hi: Fragmentation, lo: int, hi: int,
                           batch: int) -> Fragmentation:
-    """Fragmentation at `batch` from the replays at two micro-batches lo < hi: that of lo, growing
-    along the line to hi's where hi's is larger, never shrinking. The replay's fragmentation
+    """Fragmentation at `batch` from the replays at two micro-batches lo < hi (trace/derive/
+    replays.py): that of lo, growing along the line to hi's where hi's is larger, never
+    shrinking. The replay's fragmentation
     jumps by a segment here and there as sizes change (a 20 MiB segment that happens to be shared
     or not); read off this line it grows with what the step allocates, so memory is
     non-decreasing in the micro-batch and the fit answer cannot flip back as b grows."""
@@ -370,16 +343,6 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
         held_bytes=reserved + gpu0_extra + overhead,      # paged states never cause an OOM
         floor_bytes=fixed + overhead, overhead_bytes=overhead,
         band=bands.band_for(job, accel, moe=bool(trace.expert_param_bytes)))
-
-
-def _replay_once(trace: Trace, rules: Rules = CUDA) -> tuple[int, int, int]:
-    """(peak allocated, peak reserved, peak pinned) of the trace's allocations (allocator.py),
-    memoised on the trace: they depend on the trace and the allocator's rules only."""
-    memo = trace.derived
-    key = "replay" if rules is CUDA else f"replay:{rules.name}"
-    if key not in memo:
-        memo[key] = replay(trace.alloc_events, rules)
-    return memo[key]
 
 
 def _output_bytes(trace: Trace) -> int:

@@ -95,7 +95,7 @@ _NORM_OPS = ("batch_norm", "layer_norm", "group_norm", "rms_norm", "softmax", "_
 
 def kernel_classes(table: OpTable) -> np.ndarray:
     """Per unique op, its kernel class (memoised on the table)."""
-    cached = getattr(table, "_kclass", None)
+    cached = table.memo.kernel_classes
     if cached is not None and len(cached) == len(table.flops):
         return cached
     names = {n: (K_NORM if any(k in n for k in _NORM_OPS) else K_OTHER) for n in set(table.name)}
@@ -104,7 +104,7 @@ def kernel_classes(table: OpTable) -> np.ndarray:
                                                                   K_DWCONV, K_CONV), K_MATMUL), k)
     k = np.where(table.family == 1, K_ATTN, k)
     k = np.where(table.phase == OPTIMIZER, K_OPTIM, k)
-    table._kclass = k
+    table.memo.kernel_classes = k
     return k
 
 
@@ -165,7 +165,7 @@ class _Static:
 
 
 def _static(table: OpTable, accel, precision: Precision) -> _Static:
-    memo = table.__dict__.setdefault("_static", {})
+    memo = table.memo.static
     key = (accel.id, precision.name)
     if key in memo:
         return memo[key]
@@ -383,7 +383,7 @@ def _mfu_peak(accel, precision: Precision, table: OpTable) -> float | None:
     convolutions run in TF32), the highest rate used is the denominator, so MFU <= 1 always.
     Memoised on the table.
     """
-    memo = table.__dict__.setdefault("_mfu_peak", {})
+    memo = table.memo.mfu_peak
     key = (accel.id, precision.name)
     if key not in memo:
         memo[key] = _peak_used(accel, precision, table)

@@ -15,7 +15,7 @@ step without accumulation with one more forward and backward spliced in before t
 So the ops it counts (the second micro-batch's and the update's) are the step's with each
 gradient's `add_` after the op that made the gradient, and its memory log is the step's with the
 copy spliced in before the update; each phase's peak, the step's peak and the allocation events
-follow from that log as the tracer computes them (counters.py `replay_log`). The timeline (the live
+follow from that log as the tracer computes them (log.py `replay_log`). The timeline (the live
 total after each op, for the reports' chart) is the log's live total after each event, sampled as
 the tracer samples (tracer.py `downsample`). tests/test_accumulate.py checks the result, field for
 field, against traces made with accumulation (GPT-2's tied embeddings, BERT in fp32, Llama cut to 3
@@ -30,8 +30,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..trace.counters import ALLOC, FREE, RETAG, replay_log
-from ..trace.tracer import Trace, downsample
+from ..facts import Trace
+from ..log import Alloc, Event, Free, Retag, TraceLog, replay_log
+from ..tracer import downsample
 
 
 def derivable(sem) -> bool:
@@ -41,79 +42,88 @@ def derivable(sem) -> bool:
 
 def accumulated(tr: Trace) -> Trace | None:
     """`tr`, a step without accumulation, as the step with it (module docstring), or None."""
-    if len(tr.marks) != 2 or any(g[1] is None for g in tr.gradients_made) \
+    tl = tr.log
+    if len(tl.marks) != 2 or any(g.log is None for g in tl.gradients) \
             or not derivable(tr.semantics):
         return None
-    (log_f, ev_f), (log_o, ev_o) = tr.marks
-    log = tr.memory_log
-    made = {g[1]: g for g in tr.gradients_made}
+    spliced = _spliced(tl)
+    if spliced is None:
+        return None
+    out, events, blocks = spliced
+    peaks, peak, timeline = replay_log(out, timeline=True)
+    ops, k = [], 0                   # each add_ after the op whose gradient it takes, in order
+    for g in tl.gradients:
+        ops += tr.ops[k:g.op]
+        ops.append(g.add)
+        k = g.op
+    ops += tr.ops[k:]
+    moved = {ph: dict(v) for ph, v in tr.bytes_moved.items()}
+    for g in tl.gradients:
+        moved["backward"][g.add.family] += g.add.bytes
+    return replace(tr, phase_peaks=peaks, peak_allocated_bytes=peak[0], peak_phase=peak[1],
+                   peak_breakdown_bytes=peak[2], ops=ops, bytes_moved=moved,
+                   log=TraceLog(out, events, blocks, timeline=downsample(timeline)),
+                   flash_eligible=2 * tr.flash_eligible)   # each micro-batch's calls
+
+
+def _spliced(tl: TraceLog) -> tuple[list, list[Event], list[int] | None] | None:
+    """(memory log, events, event blocks) of the step with the first micro-batch's copy
+    spliced in before the update (module docstring), or None where it is not a step this
+    reads."""
+    (log_f, ev_f), (log_o, ev_o) = tl.marks
+    log = tl.memory
+    made = {g.log: g for g in tl.gradients}
     out = list(log[:log_o])
-    blocks = list(tr.event_blocks[:ev_o]) if tr.event_blocks is not None else None
-    events = list(tr.alloc_events[:ev_o])
+    blocks = list(tl.blocks[:ev_o]) if tl.blocks is not None else None
+    events = list(tl.events[:ev_o])
     sizes: dict[int, int] = {}       # the copies' sizes (every free below is of a copy)
     copy: dict[int, int] = {}
     j = ev_f                         # the first micro-batch's event this entry repeats
     for i in range(log_f, log_o):
         entry = log[i]
-        kind = entry[0]
-        if kind == ALLOC:
-            _, serial, nbytes, cat, phase = entry
-            new = copy[serial] = len(events)
-            out.append((ALLOC, new, nbytes, cat, phase))
-            events.append((new, nbytes))
-            sizes[new] = nbytes
-        elif kind == FREE:
-            if entry[1] < ev_f:
+        kind = type(entry)
+        if kind is Alloc:
+            new = copy[entry.serial] = len(events)
+            out.append(Alloc(new, entry.nbytes, entry.category, entry.phase))
+            events.append(Event(new, entry.nbytes))
+            sizes[new] = entry.nbytes
+        elif kind is Free:
+            if entry.serial < ev_f:
                 return None          # a tensor from before the forward: not repeated
-            new = copy[entry[1]]
-            out.append((FREE, new))
-            events.append((new, -sizes[new]))
-        elif kind == RETAG:
+            new = copy[entry.serial]
+            out.append(Free(new))
+            events.append(Event(new, -sizes[new]))
+        elif kind is Retag:
             if i in made:            # the held gradient takes it: freed, not kept
-                new = copy[entry[1]]
-                out.append((FREE, new))
-                events.append((new, -sizes[new]))
+                new = copy[entry.serial]
+                out.append(Free(new))
+                events.append(Event(new, -sizes[new]))
                 if blocks is not None:
-                    blocks.append(made[i][2])
-            elif entry[1] >= ev_f:   # (a tensor from before the forward is tagged already)
-                out.append((RETAG, copy[entry[1]], entry[2]))
+                    blocks.append(made[i].block)
+            elif entry.serial >= ev_f:   # (a tensor from before the forward is tagged already)
+                out.append(Retag(copy[entry.serial], entry.category))
             continue
         else:
             return None              # a peak reset mid-step: not a step this reads
         if blocks is not None:
-            blocks.append(tr.event_blocks[j])
+            blocks.append(tl.blocks[j])
         j += 1
     shift = len(events) - ev_o
-    gradients = {log[g[1]][1] for g in tr.gradients_made}
+    gradients = {log[g.log].serial for g in tl.gradients}
     for entry in log[log_o:]:        # the optimizer step: its own tensors renumbered
-        kind = entry[0]
-        if kind == ALLOC:
-            _, serial, nbytes, cat, phase = entry
-            out.append((ALLOC, serial + shift, nbytes, cat, phase))
-        elif kind == FREE:
-            if ev_f <= entry[1] < ev_o and entry[1] not in gradients:
+        kind = type(entry)
+        if kind is Alloc:
+            out.append(Alloc(entry.serial + shift, entry.nbytes, entry.category, entry.phase))
+        elif kind is Free:
+            if ev_f <= entry.serial < ev_o and entry.serial not in gradients:
                 return None          # a micro-batch's tensor kept to the update: which one?
-            out.append((FREE, entry[1] + shift if entry[1] >= ev_o else entry[1]))
-        elif kind == RETAG:
-            out.append((RETAG, entry[1] + shift if entry[1] >= ev_o else entry[1], entry[2]))
+            out.append(Free(entry.serial + shift if entry.serial >= ev_o else entry.serial))
+        elif kind is Retag:
+            out.append(Retag(entry.serial + shift if entry.serial >= ev_o else entry.serial,
+                             entry.category))
         else:
             return None
-    events += [(s + shift if s >= ev_o else s, n) for s, n in tr.alloc_events[ev_o:]]
+    events += [Event(s + shift if s >= ev_o else s, n) for s, n in tl.events[ev_o:]]
     if blocks is not None:
-        blocks += tr.event_blocks[ev_o:]
-    peaks, peak, timeline = replay_log(out, timeline=True)
-    ops, k = [], 0                   # each add_ after the op whose gradient it takes, in order
-    for at, _log, _block, add in tr.gradients_made:
-        ops += tr.ops[k:at]
-        ops.append(add)
-        k = at
-    ops += tr.ops[k:]
-    moved = {ph: dict(v) for ph, v in tr.bytes_moved.items()}
-    for *_, add in tr.gradients_made:
-        moved["backward"][add.family] += add.bytes
-    return replace(tr, phase_peaks=peaks, peak_allocated_bytes=peak[0], peak_phase=peak[1],
-                   peak_breakdown_bytes=peak[2], ops=ops, bytes_moved=moved,
-                   memory_log=out, alloc_events=events, event_blocks=blocks,
-                   timeline=downsample(timeline), marks=[], gradients_made=[],
-                   flash_eligible=2 * tr.flash_eligible)   # each micro-batch's calls
-
+        blocks += tl.blocks[ev_o:]
+    return out, events, blocks
