@@ -33,7 +33,8 @@ JOBS = {
 
 
 def load(spec: dict):
-    from trainplan.spec import Job, load_job, validate
+    from trainplan.spec import Job, validate
+    from trainplan.jobfile import load_job
     spec = dict(spec)
     f = spec.pop("file", None)
     return validate(load_job(f).with_(**spec) if f else Job(**spec))

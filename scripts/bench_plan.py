@@ -6,7 +6,7 @@ fresh process, as a user runs it (text output to /dev/null), twice: "cold" on an
 (trace/store.py: a new machine, or changed code), then "warm" reading what the cold run stored (the
 same job planned again, with other options or platforms), each with its wall time and the machine's
 load average before it, and how many traces the cold run stored (each a step traced, or one shared
-with a twin: predict/traces.py); `--split` then runs GraphMER-SE over all platforms in-process,
+with a twin: trace/derive/twins.py); `--split` then runs GraphMER-SE over all platforms in-process,
 split into tracing and the rest (planning over the platforms, ranking). Numbers depend on the
 machine and on what else runs on it.
 """
@@ -34,8 +34,9 @@ PLANS = [
 
 def split_in_process() -> str:
     from trainplan.plan import Planner, make_plan, select_platforms
-    from trainplan.predict.traces import Traces
-    from trainplan.spec import load_job, validate
+    from trainplan.trace.derive import Traces
+    from trainplan.spec import validate
+    from trainplan.jobfile import load_job
 
     traced = {"s": 0.0, "inside": False}
     orig, orig_fill = Traces._real, Traces.fill

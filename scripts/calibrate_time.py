@@ -44,8 +44,7 @@ TRACE_TIMEOUT_S = 90
 VIT_RE = re.compile(r"vit|deit|swin|beit|cait|xcit|levit|mixer|convit|pit_|twins|crossvit|coat|"
                     r"tnt|volo|gmlp|resmlp|jx_nest|nest_|sequencer|mvit|poolformer|convmixer|"
                     r"eva|edgenext|maxvit|coatnet|mobilevit|efficientformer|gcvit|davit")
-PARAMS = ("host_scale", "tile_s", "tile_h_half", "cuda_emax", "dwconv_emax", "attn_emax",
-          "conv_rel", "gconv_half", "norm_bw_eff", "kernel_s", "nchw_passes", "conv_hopper")
+from trainplan.predict.time_params import FITTED as PARAMS, TimeParams  # noqa: E402
 # Measured STREAM triad / device copy fraction of the spec bandwidth, not fitted
 # (docs/kernel_ceilings_research.md section 2: V100 0.90, A100-40GB 0.88, A100-80GB 0.86-0.91,
 # H100 SXM copy 0.87, H100 PCIe 0.92, RTX 4090 0.91)
@@ -484,7 +483,7 @@ def load_tables(rows: list[dict], refresh: bool = False) -> dict:
     return cache
 
 
-def predict(r: dict, tables: dict, params: dict) -> float | None:
+def predict(r: dict, tables: dict, params: TimeParams) -> float | None:
     from trainplan.accelerators import get_accelerator
     from trainplan.predict.optable import OpTable
     from trainplan.predict.timing import estimate_step_time
@@ -518,7 +517,9 @@ def objective(x: np.ndarray, rows: list[dict], tables: dict) -> float:
     return float(np.mean([np.mean(v) for v in by_src.values()]))   # each source weighs the same
 
 
-def to_params(x: np.ndarray) -> dict:
+def to_params(x: np.ndarray) -> TimeParams:
+    """The fitted values (the log-space vector `x`, each clipped to its BOUNDS) with the measured
+    constants above, as the time model reads them."""
     out = {}
     for name, v in zip(PARAMS, x):
         lo, hi = BOUNDS[name]
@@ -527,7 +528,7 @@ def to_params(x: np.ndarray) -> dict:
                matmul_ceiling=MATMUL_CEILING, attn_head_dim_half=ATTN_HEAD_DIM_HALF,
                attn_seq_half=ATTN_SEQ_HALF,
                cuda_launch_s=CUDA_LAUNCH_S, host_dispatch=HOST_DISPATCH)
-    return out
+    return TimeParams.of(out)
 
 
 def nelder_mead(f, x0: np.ndarray, iters: int = 1500, step: float = 0.5) -> np.ndarray:
@@ -562,16 +563,15 @@ def fit_rows(rows: list[dict], tables: dict) -> list[dict]:
             and "error" not in tables.get(trace_key(r), {"error": 1})]
 
 
-def fit(rows: list[dict], tables: dict, iters: int = 1500, restarts: int = 2) -> dict:
-    """Nelder-Mead on the rows from START; returns the parameter dict (to_params)."""
+def fit(rows: list[dict], tables: dict, iters: int = 1500, restarts: int = 2
+        ) -> tuple[TimeParams, float]:
+    """Nelder-Mead on the rows from START: (the parameters (to_params), the objective there)."""
     x0 = np.log([START[k] for k in PARAMS])
     f = lambda x: objective(x, rows, tables)
     x = nelder_mead(f, x0, iters=iters)
     for _ in range(restarts):
         x = nelder_mead(f, x, iters=iters // 2, step=0.3)      # restart from the optimum
-    params = to_params(x)
-    params["_loss"] = f(x)
-    return params
+    return to_params(x), f(x)
 
 
 def prepare(refresh: bool = False) -> tuple[list[dict], dict]:
@@ -586,19 +586,19 @@ def main() -> None:
     train = fit_rows(rows, tables)
     print(f"fitting {len(PARAMS)} parameters on {len(train)} rows of "
           f"{len({r['source'] for r in train})} sources")
-    params = fit(train, tables)
+    params, loss = fit(train, tables)
     n_src = {s: sum(r["source"] == s for r in train) for s in sorted({r["source"] for r in train})}
-    EFF.write_text(json.dumps({"params": {k: params[k] for k in (*PARAMS, "bw_eff", "tc_emax",
-                                                                  "attn_head_dim_half",
-                                                                  "attn_seq_half",
-                                                                  "cuda_launch_s")},
+    EFF.write_text(json.dumps({"params": {k: getattr(params, k)
+                                          for k in (*PARAMS, "bw_eff", "tc_emax",
+                                                    "attn_head_dim_half", "attn_seq_half",
+                                                    "cuda_launch_s")},
                                "matmul_ceiling": MATMUL_CEILING,
                                "attn_generation": ATTN_GENERATION,
                                "host_dispatch": HOST_DISPATCH, "provenance": {
         "command": "PYTHONPATH=src python scripts/calibrate_time.py",
         "date": datetime.date.today().isoformat(),
         "objective": "mean over sources of mean |log(predicted/measured throughput)|",
-        "final_loss": round(params["_loss"], 5),
+        "final_loss": round(loss, 5),
         "training_rows": n_src,
         "training_split": "every source's rows on catalog hardware (validation/PROVENANCE.md); "
                           "accuracy is reported on sources and GPUs the fit never saw: "
@@ -620,8 +620,8 @@ def main() -> None:
         "cuda_launch_s_source": CUDA_LAUNCH_SOURCE,
         "attn_head_dim_half_source": ATTN_HEAD_DIM_SOURCE,
     }}, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in params.items() if k != "matmul_ceiling"}, indent=1))
-    print(f"final loss {params['_loss']:.4f}; wrote {EFF.relative_to(ROOT)} in "
+    print(json.dumps(params.fitted(), indent=1))
+    print(f"final loss {loss:.4f}; wrote {EFF.relative_to(ROOT)} in "
           f"{time.time() - t0:.0f} s")
 
 

@@ -1,4 +1,4 @@
-"""Time one training-step trace of a model whole and cut to 4 blocks (trace/depth.py MIN_BLOCKS).
+"""Time one training-step trace of a model whole and cut to 4 blocks (trace/stack.py MIN_BLOCKS).
 
 Run: python scripts/cut_cost.py [JOB_OR_HF_ID ...]   (default: GraphMER-SE, GPT-2, Llama-3.2-1B)
 
@@ -11,7 +11,8 @@ import time
 
 from trainplan.accelerators import get_accelerator
 from trainplan.predict.target import semantics_for
-from trainplan.spec import Job, load_job, validate
+from trainplan.spec import Job, validate
+from trainplan.jobfile import load_job
 from trainplan.trace.tracer import trace_step
 
 DEFAULT = ["examples/graphmer-se.yaml", "openai-community/gpt2", "meta-llama/Llama-3.2-1B"]

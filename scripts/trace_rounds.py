@@ -3,8 +3,8 @@
 Run: python scripts/trace_rounds.py plan examples/chart-rvr-grpo.yaml
      (any `trainplan` arguments; its output goes to stdout as usual, this report to stderr)
 
-For every call of trace/parallel.py's `trace_all` made by predict/traces.py (one round of traces
-on all cores): each training step asked for (micro-batch, attention kernel, the job's
+For every call of trace/parallel.py's `trace_all` made by trace/derive/schedule.py (one round of
+traces on all cores): each training step asked for (micro-batch, attention kernel, the job's
 checkpointing, LoRA, quantisation, optimizer, accumulation, sequence length) and each generation
 forward (`Forward`: sequences, new tokens, context), how many follow-ups it made, its wall time
 and when it started; then every trace made one at a time in this process, and the total. Set
@@ -15,8 +15,9 @@ import os
 import sys
 import time
 
-import trainplan.predict.generation as generation
-import trainplan.predict.traces as traces
+import trainplan.trace.derive.cache as cache
+import trainplan.trace.derive.inference as generation
+import trainplan.trace.derive.schedule as traces
 from trainplan.trace.parallel import Forward
 
 T0 = time.perf_counter()
@@ -37,7 +38,7 @@ def _say(line: str) -> None:
 
 
 def main() -> int:
-    all_at_once, one, fwd = traces.trace_all, traces.trace_step, generation.trace_forward
+    all_at_once, one, fwd = traces.trace_all, cache.trace_step, generation.trace_forward
 
     def trace_all(requests, followups=None, policy=None, started=None, finish=None):
         t = time.perf_counter()
@@ -55,14 +56,14 @@ def main() -> int:
         _say(f"one at a time: {_step(job, sem, batch, depth)}, {time.perf_counter() - t:.1f} s")
         return out
 
-    def trace_forward(job, sem, batch, new_tokens, context):
+    def trace_forward(job, sem, batch, new_tokens, context, depth=None):
         t = time.perf_counter()
-        out = fwd(job, sem, batch, new_tokens, context)
+        out = fwd(job, sem, batch, new_tokens, context, depth)
         _say(f"one at a time: {_forward(Forward(job, sem, batch, new_tokens, context))}, "
              f"{time.perf_counter() - t:.1f} s")
         return out
 
-    traces.trace_all, traces.trace_step, generation.trace_forward = \
+    traces.trace_all, cache.trace_step, generation.trace_forward = \
         trace_all, trace_step, trace_forward
     from trainplan.cli.main import main as trainplan
     try:

@@ -68,7 +68,7 @@ def _fold(args):
     key, held = args
     rows, tables = _STATE["rows"], _STATE["tables"]
     train = [r for r in cal.fit_rows(rows, tables) if r[key] != held]
-    params = cal.fit(train, tables, iters=_STATE["iters"], restarts=1)
+    params, _loss = cal.fit(train, tables, iters=_STATE["iters"], restarts=1)
     out = {}
     for i, r in enumerate(rows):
         if r[key] == held:
@@ -95,7 +95,7 @@ def cross_validate(rows, tables, iters: int, jobs: int) -> dict:
     return res
 
 
-def reason(r: dict, tables: dict, params: dict) -> str:
+def reason(r: dict, tables: dict, params) -> str:
     """What the predicted step is made of, for reading a large error: the step's parts as
     shares (compute-bound kernels, memory-bound kernels, host time the device waits for,
     optimizer, communication), and the kernel class that takes the most device time."""
@@ -152,9 +152,9 @@ def main() -> None:
     t0 = time.time()
     rows, tables = cal.prepare()
     eff = cal.json.loads(cal.EFF.read_text())
-    bundled = dict(eff["params"], matmul_ceiling=eff.get("matmul_ceiling", {}),
-                   attn_generation=eff.get("attn_generation", {}),
-                   host_dispatch=eff["host_dispatch"])
+    bundled = cal.TimeParams.of(dict(eff["params"], matmul_ceiling=eff.get("matmul_ceiling", {}),
+                                     attn_generation=eff.get("attn_generation", {}),
+                                     host_dispatch=eff["host_dispatch"]))
     insample = {i: p for i, r in enumerate(rows)
                 if (p := cal.predict(r, tables, bundled)) is not None}
     print(f"cross-validating ({a.iters} iterations a fold, {a.jobs} processes) ...", flush=True)

@@ -14,10 +14,10 @@ from trainplan.estimate import estimate
 from trainplan.plan import make_plan, select_platforms
 from trainplan.platforms import load_platforms
 from trainplan.predict import compat
-from trainplan.predict.allocator import CUDA, MPS, rules_for
+from trainplan.trace.derive import CUDA, MPS, rules_for
 from trainplan.predict.calibration import BUNDLED_ONLY
 from trainplan.predict.target import semantics_for
-from trainplan.predict.traces import Traces
+from trainplan.trace.derive import Traces
 from trainplan.report.plan_html import plan_html
 from trainplan.spec import Job, validate
 from trainplan.trace import fp8

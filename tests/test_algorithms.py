@@ -12,7 +12,8 @@ from trainplan.estimate import estimate, to_json
 from trainplan.plan.fixes import gather_per_token, reference_off
 from trainplan.plan.fixes import seq_len as seq_len_rung
 from trainplan.predict import Traces
-from trainplan.spec import Lora, job_from_dict, validate
+from trainplan.spec import Lora, validate
+from trainplan.jobfile import job_from_dict
 
 from conftest import tiny_job
 from plan_examples import run_cli
@@ -73,8 +74,8 @@ def test_a_plan_traces_its_rollout_forwards_with_its_steps_on_all_cores(monkeypa
     steps are deferred), and give the phases that tracing them one at a time (estimate, outside
     rounds) gives."""
     from trainplan.plan import Planner, make_plan, select_platforms
-    import trainplan.predict.generation as generation
-    import trainplan.predict.traces as traces_mod
+    import trainplan.trace.derive.inference as generation
+    import trainplan.trace.derive.schedule as traces_mod
     from trainplan.trace.parallel import Forward
     monkeypatch.setenv("TRAINPLAN_TRACE_CACHE", "off")
     monkeypatch.setattr(generation, "_MEMO", {})

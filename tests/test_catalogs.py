@@ -100,14 +100,17 @@ def test_t4_facts():
 
 def test_peak_flops_semantics():
     t4, p100, a100, v100 = (get_accelerator(n) for n in ("t4", "p100", "a100", "v100"))
-    assert t4.peak_flops("bf16") == 0.0            # unsupported -> 0, caller reports it
+    # no bf16 on Turing: emulated at the FP32 rate (the compatibility rules report it)
+    assert t4.peak_flops("bf16") == t4.peak_flops("fp32") and t4.rate("bf16") == (8.1e12, False)
     assert t4.peak_flops("tf32") == t4.peak_flops("fp32") == 8.1e12  # no TF32 on Turing
     assert t4.peak_flops("fp16") == 65e12
     # no tensor cores: PyTorch half GEMMs accumulate in fp32, at the FP32 FMA rate
     assert p100.peak_flops("fp16") == p100.fp32_flops == 9.3e12
-    assert v100.peak_flops("bf16") == 0.0
+    assert v100.peak_flops("bf16") == v100.fp32_flops
     assert a100.peak_flops("tf32") == 156e12 and a100.peak_flops("FP16") == 312e12
-    assert get_accelerator("tpu-v3-8").peak_flops("fp16") == 0.0
+    tpu = get_accelerator("tpu-v3-8")              # XLA computes fp16 in bf16, on the MXU
+    assert tpu.rate("fp16") == (tpu.peak_flops("bf16"), True)
+    assert a100.rate("fp8") == (a100.fp32_flops, False)   # no FP8 tensor cores: not the FP8 rate
     with pytest.raises(TrainplanError):
         a100.peak_flops("fp8")
 

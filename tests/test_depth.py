@@ -1,16 +1,16 @@
-"""A deep model traced cut to 4 blocks (predict/depth.py: one block more read off its last one,
+"""A deep model traced cut to 4 blocks (trace/derive/stitch.py: one block more read off its last one,
 or a second trace cut to 3) gives the step of the full trace, and an fp16 job read off its bf16
-twin's trace (traces.half_twin) gives that of its own trace."""
+twin's trace (twins.half_twin) gives that of its own trace."""
 from __future__ import annotations
 
 import pytest
 
 from trainplan.accelerators import get_accelerator
 from trainplan.predict import evaluate
-from trainplan.predict import traces as traces_mod
-from trainplan.predict.traces import Traces
+from trainplan.trace.derive import Traces
+from trainplan.trace.derive import traces as traces_mod
 from trainplan.spec import Job, Lora
-from trainplan.trace.depth import cut, repeated_stack
+from trainplan.trace.stack import cut, repeated_stack
 
 LLAMA = Job(model="hf:meta-llama/Llama-3.2-1B", seq_len=128, precision="bf16-amp")
 CASES = {
@@ -27,8 +27,8 @@ CASES = {
 @pytest.fixture(autouse=True)
 def _cut_from_16(monkeypatch):
     """These checks cut 16- to 24-block models (whose full traces are cheap to compare with), as
-    the planner does (trace/depth.py MIN_BLOCKS), whatever MIN_BLOCKS becomes."""
-    import trainplan.trace.depth as trace_depth
+    the planner does (trace/stack.py MIN_BLOCKS), whatever MIN_BLOCKS becomes."""
+    import trainplan.trace.stack as trace_depth
     monkeypatch.setattr(trace_depth, "MIN_BLOCKS", 16)
     monkeypatch.setattr(traces_mod, "MIN_BLOCKS", 16)
     monkeypatch.setenv("TRAINPLAN_JOBS", "1")      # worker pools forked earlier cut from 40
@@ -59,7 +59,7 @@ def test_cut_trace_gives_the_full_step(name):
     # the allocator's waste: the replay of the whole stack's allocations is the full trace's
     # (`test_whole_stack_replay_is_the_full_traces`; BERT, whose allocations do not repeat block
     # by block, is traced whole: the test after it)
-    assert cut_ev.trace.derived["whole_replay"]
+    assert cut_ev.trace.derived.repeats
     assert cut_ev.memory.required_bytes == pytest.approx(full.memory.required_bytes, rel=0.001)
 
 
@@ -78,21 +78,22 @@ def test_whole_stack_replay_is_the_full_traces(name):
     whole stack (depth.whole_events), replay through the caching allocator exactly as the full
     trace's: every allocation size in the same order, the same peaks allocated, reserved and
     pinned."""
-    from trainplan.predict.allocator import replay
-    from trainplan.predict.depth import HIGH, whole_events
+    from trainplan.trace.derive.allocator import replay
+    from trainplan.trace.derive.repeat import whole_events
+    from trainplan.trace.stack import HIGH
     from trainplan.predict.target import semantics_for
-    from trainplan.predict.traces import trace_job
+    from trainplan.trace.derive import trace_job
     from trainplan.trace.tracer import trace_step
     job = trace_job(REPLAYS[name])
     sem = semantics_for(job, get_accelerator("a100-80gb"))
     hi, full = trace_step(job, sem, 2, depth=HIGH), trace_step(job, sem, 2)
     events = whole_events(hi, hi.stack.blocks)
     assert events is not None
-    assert sorted(n for _s, n in events) == sorted(n for _s, n in full.alloc_events)
+    assert sorted(n for _s, n in events) == sorted(n for _s, n in full.log.events)
     allocs = [n for _s, n in events if n > 0]
-    assert allocs == [n for _s, n in full.alloc_events if n > 0]
-    assert replay(events) == replay(full.alloc_events)
-    assert replay(events) != replay(hi.alloc_events)
+    assert allocs == [n for _s, n in full.log.events if n > 0]
+    assert replay(events) == replay(full.log.events)
+    assert replay(events) != replay(hi.log.events)
 
 
 EXTENDS = {
@@ -117,10 +118,11 @@ def test_one_block_more_is_read_off_the_last_one(name):
     (tagged by the tracer), is the trace of the model cut to 5 blocks: the same ops, totals,
     phase peaks by category and module table. With accumulation the 4-block step is itself
     read off the step without it (accumulate.py), as the planner reads it."""
-    from trainplan.predict.accumulate import accumulated
-    from trainplan.predict.depth import HIGH, extend
+    from trainplan.trace.derive.accumulate import accumulated
+    from trainplan.trace.derive.stitch import extend
+    from trainplan.trace.stack import HIGH
     from trainplan.predict.target import semantics_for
-    from trainplan.predict.traces import trace_job
+    from trainplan.trace.derive import trace_job
     from trainplan.trace.tracer import trace_step
     job = trace_job(EXTENDS[name])
     sem = semantics_for(job, get_accelerator("t4" if "fp16" in name else "a100-80gb"))
@@ -155,47 +157,47 @@ def test_one_block_more_is_read_off_the_last_one(name):
 
 
 def test_what_a_plan_reuses_gives_what_it_would_make_afresh():
-    """depth.whole_log is walked once per log structure (the traces of one step at other
+    """repeat.whole_log is walked once per log structure (the traces of one step at other
     micro-batches, real or read off the anchors' line, share it) and `stitch` takes the ops one
     more block adds from `extend`, which made them, instead of comparing the two op lists: both
     give what the walk and the comparison give."""
-    from trainplan.predict import depth
-    from trainplan.predict.interpolate import trace_between
     from trainplan.predict.target import semantics_for
-    from trainplan.predict.traces import trace_job
+    from trainplan.trace.derive import repeat, stitch as depth, trace_job
+    from trainplan.trace.derive.interpolate import trace_between
+    from trainplan.trace.stack import HIGH
     from trainplan.trace.tracer import trace_step
     job = trace_job(LLAMA.with_(grad_checkpointing="selective"))
     sem = semantics_for(job, get_accelerator("a100-80gb"))
-    lo, hi = (trace_step(job, sem, b, depth=depth.HIGH) for b in (2, 32))
-    depth._LOGS.clear()
+    lo, hi = (trace_step(job, sem, b, depth=HIGH) for b in (2, 32))
+    repeat._LOGS.clear()
     for tr in (lo, hi, trace_between(lo, hi, 7), trace_between(lo, hi, 40, extrapolate=True)):
-        for blocks in (depth.HIGH + 1, tr.stack.blocks):
-            assert depth.whole_log(tr, blocks) == depth._whole_log(tr, blocks)[0]
+        for blocks in (HIGH + 1, tr.stack.blocks):
+            assert repeat.whole_log(tr, blocks) == repeat._whole_log(tr.log, blocks)[0]
         more = depth.extend(tr)
         fresh = depth.extend(tr)
-        del fresh.derived["one_more"]           # as if read off another trace: compared
+        fresh.derived.one_more = None           # as if read off another trace: compared
         a, b = depth.stitch(tr, more, tagged=tr), depth.stitch(tr, fresh, tagged=tr)
         assert [depth._sig(r) for r in a.ops] == [depth._sig(r) for r in b.ops]
         assert a.phase_peaks == b.phase_peaks and a.flops == b.flops
-    assert len(depth._LOGS) == 2                # one walk per depth, for all four
+    assert len(repeat._LOGS) == 2               # one walk per depth, for all four
 
 
 def test_a_cut_model_is_traced_at_one_depth(monkeypatch):
     """The planner traces a cut model with HIGH blocks only; where one block more cannot be
-    read off it (depth.extend gives None) it also traces LOW blocks, and the two ways give the
+    read off it (stitch.extend gives None) it also traces LOW blocks, and the two ways give the
     same step."""
-    import trainplan.predict.depth as depth
+    import trainplan.trace.derive.stitch as depth
+    import trainplan.trace.stack as stack
     accel = get_accelerator("a100-80gb")
     job = LLAMA.with_(batch_size=4, grad_checkpointing="full")
     one = Traces()
     ev = evaluate(job, accel, traces=one, strict=False)
-    assert {key[2] for key in one._exact} == {depth.HIGH}
-    assert ev.trace.notes[-1].startswith(f"traced with {depth.HIGH} of its")
+    assert {key[2] for key in one._exact} == {stack.HIGH}
+    assert ev.trace.notes[-1].startswith(f"traced with {stack.HIGH} of its")
     monkeypatch.setattr(depth, "extend", lambda tr: None)
-    monkeypatch.setattr(traces_mod, "extend", lambda tr: None)
     two = Traces()
     old = evaluate(job, accel, traces=two, strict=False)
-    assert {key[2] for key in two._exact} == {depth.LOW, depth.HIGH}
+    assert {key[2] for key in two._exact} == {stack.LOW, stack.HIGH}
     # the same ops, FLOPs, bytes and kernel shapes; the host views counted before two of a block's
     # kernels (`OpRecord.host_ops`) come from the last block traced in one way and a middle one
     # in the other, which the host queue sees as 0.1% of the step
@@ -208,7 +210,7 @@ def test_a_cut_model_is_traced_at_one_depth(monkeypatch):
 def test_a_stack_whose_allocations_do_not_repeat_is_traced_whole_below_40_blocks():
     """BERT allocates between its layers (no block's hook runs), so its cut trace's events do
     not repeat block by block: a 24-block BERT is traced whole rather than take the 4-block
-    replay's band (trace/depth.py EXACT_BLOCKS)."""
+    replay's band (trace/stack.py EXACT_BLOCKS)."""
     job = Job(model="hf:google-bert/bert-large-uncased", seq_len=128, precision="fp32",
               batch_size=4)
     ev = evaluate(job, get_accelerator("v100-16gb"), traces=Traces(), strict=False)
@@ -216,12 +218,13 @@ def test_a_stack_whose_allocations_do_not_repeat_is_traced_whole_below_40_blocks
 
 
 def test_fp16_job_reads_its_bf16_twin(monkeypatch):
+    from trainplan.trace.derive import twins
     job = LLAMA.with_(precision="fp16-amp", batch_size=4, lora=Lora())
     t4 = get_accelerator("t4")
     twin_traces = Traces()
     twin = evaluate(job, t4, traces=twin_traces, strict=False)
     assert {r.dtype for r in twin.trace.ops if r.family == "matmul"} == {"float16"}
-    monkeypatch.setattr(traces_mod, "half_twin", lambda job, sem: None)
+    monkeypatch.setattr(twins, "half_twin", lambda job, sem: None)
     own = evaluate(job, t4, traces=Traces(), strict=False)
     assert twin.time.step_time_s == pytest.approx(own.time.step_time_s, rel=1e-9)
     assert twin.memory.required_bytes == own.memory.required_bytes
@@ -235,7 +238,7 @@ def test_stack_needs_alike_blocks():
             super().__init__()
             self.blocks = nn.ModuleList(nn.Linear(w, w) for w in widths)
 
-    import trainplan.trace.depth as trace_depth
+    import trainplan.trace.stack as trace_depth
     n = trace_depth.MIN_BLOCKS
     alike = Net([16] * n)
     assert repeated_stack(alike)[0] == "blocks"

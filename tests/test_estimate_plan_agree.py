@@ -15,14 +15,16 @@ from pathlib import Path
 
 import pytest
 
-import trainplan.predict.traces as traces_mod
+import trainplan.trace.derive.cache as cache_mod
+import trainplan.trace.derive.schedule as schedule_mod
 from trainplan.estimate import estimate
 from trainplan.platforms import host_cpu
 from trainplan.plan import Planner, make_plan, select_platforms
 from trainplan.plan.planner import platform_job
-from trainplan.spec import load_job, validate
+from trainplan.spec import validate
+from trainplan.jobfile import load_job
 from trainplan.trace.parallel import Forward
-from trainplan.trace.tracer import Trace
+from trainplan.trace.facts import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 REL = 1e-9
@@ -38,20 +40,18 @@ CASES = [(ex, pid) for ex, pids in PLATFORMS.items() for pid in pids]
 
 @pytest.fixture(scope="module", autouse=True)
 def real_traces():
-    """Memoise the real traces predict/traces.py takes, one at a time (`trace_step`) or on all
+    """Memoise the real traces the trace cache (trace/derive/) takes, one at a time (`trace_step`) or on all
     cores (`trace_all`, the planner's prefetch): every real trace is taken once per module."""
-    one, many = traces_mod.trace_step, traces_mod.trace_all
+    one, many = cache_mod.trace_one, schedule_mod.trace_all
     memo: dict[tuple, Trace] = {}
 
     def key(job, sem, batch, depth=None):
         return repr(job), sem.key(), batch or job.batch_size, depth
 
-    def trace_step(job, sem, batch_size=None, *args, depth=None, **kw):
-        if args or kw:
-            return one(job, sem, batch_size, *args, depth=depth, **kw)
-        k = key(job, sem, batch_size, depth)
+    def trace_one(request):
+        k = key(*request)
         if k not in memo:
-            memo[k] = one(job, sem, batch_size, depth=depth)
+            memo[k] = one(request)
         return memo[k]
 
     def traced(requests, finish=None, forwards=()):
@@ -69,7 +69,7 @@ def real_traces():
 
     def trace_all(requests, followups=None, policy=None, started=None, finish=None):
         """trace_all's contract: each follow-up made once its request is in, unless skipped;
-        generation forwards (`Forward`, kept by predict/generation.py's own memo) as they come."""
+        generation forwards (`Forward`, kept by trace/derive/inference.py's own memo) as they come."""
         followups = followups or [None] * len(requests)
         steps = [i for i, r in enumerate(requests) if not isinstance(r, Forward)]
         forwards = [i for i, r in enumerate(requests) if isinstance(r, Forward)]
@@ -84,8 +84,8 @@ def real_traces():
         return (results, more) if any(f is not None for f in followups) else results
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(traces_mod, "trace_step", trace_step)
-    mp.setattr(traces_mod, "trace_all", trace_all)
+    mp.setattr(cache_mod, "trace_one", trace_one)
+    mp.setattr(schedule_mod, "trace_all", trace_all)
     yield memo
     mp.undo()
 

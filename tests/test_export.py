@@ -19,7 +19,7 @@ from trainplan.errors import TrainplanError
 from trainplan.export import launch_from_plan, render, write
 from trainplan.plan import make_plan, select_platforms
 from trainplan.platforms import platforms_with
-from trainplan.spec import load_job
+from trainplan.jobfile import load_job
 
 JOB = """name: tiny
 model: transformer
@@ -144,7 +144,7 @@ def test_torchrun_command_parses_with_torchrun(kaggle, multinode):
 
 def test_skypilot_yaml_matches_skypilot_schema(kaggle, multinode):
     jsonschema = pytest.importorskip("jsonschema")
-    from trainplan.export.skypilot_schema import RESOURCES_SCHEMA, TASK_SCHEMA
+    from skypilot_schema import RESOURCES_SCHEMA, TASK_SCHEMA
     ln = multinode[2]
     files = render(ln, "skypilot", spot=True)
     for name in ("sky_task.yaml", "sky_task_spot.yaml"):

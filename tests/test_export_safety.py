@@ -23,7 +23,7 @@ from trainplan.cli.main import main
 from trainplan.export import launch_from_plan, render, write
 from trainplan.plan import make_plan, select_platforms
 from trainplan.platforms import platforms_with
-from trainplan.spec import load_job
+from trainplan.jobfile import load_job
 
 JOB = """name: tiny
 model: transformer

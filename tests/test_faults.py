@@ -385,7 +385,7 @@ def test_sigterm_to_the_kernel_reaches_the_training(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     from trainplan.export import launch_from_plan, render, write
     from trainplan.plan import make_plan, select_platforms
-    from trainplan.spec import load_job
+    from trainplan.jobfile import load_job
     path = tmp_path / "job.yaml"
     path.write_text(JOB)
     job = load_job(str(path))

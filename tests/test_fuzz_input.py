@@ -350,7 +350,7 @@ def test_fuzzed_export_out(export_job, tmp_path_factory, parts):
 def kaggle_launch(export_job):
     from trainplan.export import launch_from_plan
     from trainplan.plan import make_plan, select_platforms
-    from trainplan.spec import load_job
+    from trainplan.jobfile import load_job
     job = load_job(str(export_job))
     plan = make_plan(job, select_platforms(["kaggle-t4x2"]))
     return launch_from_plan(plan, plan.platforms[0], job, job_file=str(export_job))

@@ -7,7 +7,7 @@ from trainplan.models.hf import make_config
 from trainplan.models.hf_names import load_config_dict
 from trainplan.predict.generation import estimate_generation, step_cost
 from trainplan.predict.target import semantics_for
-from trainplan.predict.timing import load_efficiency
+from trainplan.predict.time_params import bundled
 from trainplan.spec import Job, validate
 from trainplan.trace.generate import kv_cache_bytes, kv_dims, trace_forward
 
@@ -49,7 +49,7 @@ def test_decode_never_below_bandwidth_floor(qwen, accel):
         t = tr[key]
         read = t.weight_bytes + kv_cache_bytes(t.layers, t.kv_heads, t.head_dim,
                                                t.batch_size * t.context, t.kv_dtype_bytes)
-        cost = step_cost(t, a, job.precision, load_efficiency())
+        cost = step_cost(t, a, job.precision, bundled())
         floor = read / a.memory_bandwidth_bytes_per_s
         assert cost.memory_s + cost.compute_s >= floor
         assert cost.time("vllm") >= floor and cost.time("hf") >= floor
@@ -57,7 +57,7 @@ def test_decode_never_below_bandwidth_floor(qwen, accel):
 
 def test_decode_grows_with_context_and_prefill_is_compute(qwen):
     job, tr = qwen
-    h100, p = get_accelerator("h100-sxm"), load_efficiency()
+    h100, p = get_accelerator("h100-sxm"), bundled()
     c0, c1 = (step_cost(tr[k], h100, job.precision, p) for k in ("d0", "d1"))
     assert tr["d1"].bytes_moved > tr["d0"].bytes_moved
     assert c1.device_s > c0.device_s
@@ -111,7 +111,7 @@ def test_summed_decode_equals_affine_closed_form():
     prompt, completion, seqs = 8, 6, 3
     e = estimate_generation(job, a, prompts=seqs, prompt_len=prompt, completion_len=completion,
                             engine="vllm")
-    sem, p = semantics_for(job, a), load_efficiency()
+    sem, p = semantics_for(job, a), bundled()
     steps = [step_cost(trace_forward(job, sem, seqs, 1, t), a, job.precision, p).time("vllm")
              for t in range(prompt, prompt + completion - 1)]
     assert e.decode_s == pytest.approx(sum(steps), rel=0.01)
@@ -126,12 +126,13 @@ def test_summed_decode_equals_affine_closed_form():
     ("hf:openai-community/gpt2-medium", "fp16-amp", False),
 ])
 def test_a_forward_traced_with_4_layers_reads_as_the_whole_stack(model, precision, lora):
-    """predict/depth.py `whole_forward`: a prefill and a decode step traced with 4 of the
+    """trace/derive/stitch.py `whole_forward`: a prefill and a decode step traced with 4 of the
     model's 16-24 layers, the others read off the last (its ops, parameters, weights and cache,
     and the memory log repeated over every layer for the peak), equal the forward traced with
     all of them: the same ops, parameters, weight, KV cache and peak bytes."""
     from collections import Counter
-    from trainplan.predict.depth import HIGH, whole_forward
+    from trainplan.trace.derive.stitch import whole_forward
+    from trainplan.trace.stack import HIGH
     from trainplan.spec import Lora
     job = validate(Job(model=model, batch_size=B, seq_len=P, precision=precision,
                        lora=Lora() if lora else None))

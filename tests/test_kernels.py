@@ -8,7 +8,7 @@ import torch
 from trainplan.accelerators import get_accelerator, kernel_facts, load_accelerators
 from trainplan.predict import kernels
 from trainplan.predict.optable import summarize
-from trainplan.predict.timing import load_efficiency
+from trainplan.predict.time_params import bundled
 from trainplan.spec import Job, validate
 from trainplan.trace.semantics import KernelSemantics
 from trainplan.trace.shapes import NCHW, NHWC, NN, NT, TN, gemms, kernel_shape, on_line
@@ -89,9 +89,9 @@ def test_a_traced_step_carries_its_kernel_shapes():
 
 
 def test_shapes_read_off_two_micro_batches_are_the_real_ones():
-    """The interpolated step's shapes (predict/interpolate.py, trace/shapes.on_line) equal a
+    """The interpolated step's shapes (trace/derive/interpolate.py, trace/shapes.on_line) equal a
     real trace's at that micro-batch, op by op."""
-    from trainplan.predict.interpolate import trace_between
+    from trainplan.trace.derive.interpolate import trace_between
     sem = KernelSemantics(attention="flash", autocast_dtype=torch.bfloat16)
 
     def tr(b):
@@ -117,26 +117,26 @@ P_DEVICE, SMS = 989e12 * 0.8, 132        # an H100's bf16 rate at its ceiling
 
 
 def _t(b, m, n, k, p=None):
-    p = p or load_efficiency()
+    p = p or bundled()
     grid = kernels.gemm_grid(np.array([[b, m, n, k]], float), SMS)
-    return float(kernels.gemm_seconds(grid, np.array([P_DEVICE]), SMS, p["tile_s"],
-                                      p["tile_h_half"], 3.0e12)[0])
+    return float(kernels.gemm_seconds(grid, np.array([P_DEVICE]), SMS, p.tile_s,
+                                      p.tile_h_half, 3.0e12)[0])
 
 
 def test_a_large_gemm_runs_at_the_ceiling():
     """A large square GEMM fills every SM many times over: its FLOPs at the ceiling, plus each
     wave's fixed time."""
-    p = load_efficiency()
+    p = bundled()
     t = _t(1, 8192, 8192, 8192)
     ideal = 2 * 8192 ** 3 / P_DEVICE
     waves = np.ceil((8192 // 128) * (8192 // 256) / SMS)
-    assert ideal <= t <= (ideal + waves * p["tile_s"]) * 1.05
+    assert ideal <= t <= (ideal + waves * p.tile_s) * 1.05
 
 
 def test_wave_quantisation():
     """One more tile than there are SMs costs a second wave: a GEMM of S + 1 tiles takes
     markedly longer than one of S tiles, though it has 1/S more work."""
-    p = load_efficiency()
+    p = bundled()
     full = _t(1, 128 * 12, 256 * 11, 4096, p)        # 12 x 11 = 132 tiles of 128 x 256
     over = _t(1, 128 * 12 + 1, 256 * 11, 4096, p)
     assert over > 1.2 * full
@@ -145,9 +145,9 @@ def test_wave_quantisation():
 def test_split_k_for_skinny_gemms():
     """A weight gradient of a small layer (M, N small, K the tokens) fills few tiles: splitting
     K over thread blocks makes it faster than one wave of a few tiles would be."""
-    p = load_efficiency()
+    p = bundled()
     t = _t(1, 256, 256, 1 << 20, p)
-    one_wave = 2 * 128 * 256 * (1 << 20) / (P_DEVICE / SMS) + p["tile_s"]
+    one_wave = 2 * 128 * 256 * (1 << 20) / (P_DEVICE / SMS) + p.tile_s
     assert t < one_wave / 4
     assert t >= 2 * 256 * 256 * (1 << 20) / P_DEVICE
 
@@ -176,7 +176,7 @@ def test_foreach_launches():
 def test_the_op_table_keeps_the_issue_order_of_a_cut_trace():
     """A trace read off a cut one repeats its last block's records; the op table puts their
     copies back after that block in each phase, so the queue sees blocks, then the head."""
-    from trainplan.predict.traces import Traces
+    from trainplan.trace.derive import Traces
     from trainplan.predict.target import semantics_for
     job = validate(Job(model="hf:meta-llama/Llama-3.2-1B", batch_size=1, seq_len=64,
                        precision="bf16-amp"))

@@ -2,7 +2,7 @@
 
     cli/, report/, measure/, plan/   read the prediction core
     predict/                         the prediction core: imports none of the above
-    spec.py, precision.py, strategy.py, models/, trace/, configs/
+    spec.py, jobfile.py, precision.py, strategy.py, optimizer.py, models/, trace/, configs/
                                      below the core: import none of predict/ and the above
 
 Every `import` and `from ... import` of a module counts, absolute (`trainplan.plan`) or relative
@@ -21,7 +21,8 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "trainplan"
 
 UPPER = ("trainplan.plan", "trainplan.report", "trainplan.measure", "trainplan.cli")
 CORE = "trainplan.predict"
-LOWER = ("spec.py", "precision.py", "strategy.py", "models", "trace", "configs")
+LOWER = ("spec.py", "jobfile.py", "precision.py", "strategy.py", "optimizer.py", "models", "trace",
+         "configs")
 
 
 def module_name(path: Path) -> str:
@@ -95,8 +96,9 @@ def _id(path: Path) -> str:
 def test_the_layers_have_files():
     # a renamed folder must not leave the checks below with nothing to check
     assert len(CORE_FILES) >= 10 and all(p.exists() for p in CORE_FILES)
-    assert {p.name for p in CORE_FILES} >= {"__init__.py", "evaluate.py", "traces.py",
-                                            "interpolate.py", "memory.py", "timing.py"}
+    assert {p.name for p in CORE_FILES} >= {"__init__.py", "evaluate.py", "memory.py",
+                                            "timing.py", "optable.py"}
+    assert (PKG / "trace" / "derive" / "traces.py") in LOWER_FILES
     assert PKG / "spec.py" in LOWER_FILES and PKG / "trace" / "tracer.py" in LOWER_FILES
     assert any(p.parent.name == "models" for p in LOWER_FILES)
 
@@ -113,6 +115,42 @@ def test_lower_layers_import_neither_core_nor_consumers(path):
     bad = violations(path, (CORE,) + UPPER)
     assert not bad, "below the prediction core, nothing may import it or its consumers:\n" + \
         "\n".join(bad)
+
+
+DERIVE = "trainplan.trace.derive"
+# what writes or edits a memory log: the prediction core reads derived traces through
+# trace/derive/'s exports and never makes or changes a log itself
+LOG_WRITERS = ("trainplan.trace.log", "trainplan.trace.counters")
+
+
+def derive_exports() -> set[str]:
+    """trace/derive/__init__.py's `__all__`, read off its source."""
+    tree = ast.parse((PKG / "trace" / "derive" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__"
+                                                for t in node.targets):
+            return {ast.literal_eval(e) for e in node.value.elts}
+    raise AssertionError("trace/derive/__init__.py has no __all__")
+
+
+@pytest.mark.parametrize("path", CORE_FILES, ids=_id)
+def test_prediction_core_reads_derived_traces_only_through_their_exports(path):
+    exports = derive_exports()
+    bad = []
+    for line, mod in imported_modules(path.read_text(), path):
+        if mod.startswith(DERIVE + ".") and mod[len(DERIVE) + 1:] not in exports:
+            bad.append(f"{path.relative_to(PKG.parent)}:{line} imports {mod}")
+        if any(mod == w or mod.startswith(w + ".") for w in LOG_WRITERS):
+            bad.append(f"{path.relative_to(PKG.parent)}:{line} imports {mod}")
+    assert not bad, ("predict/ reads derived traces through trace/derive's exports and edits no "
+                     "memory log:\n" + "\n".join(sorted(set(bad))))
+
+
+def test_the_derivation_check_sees_an_internal_import():
+    fake = PKG / "predict" / "fake_module.py"
+    mods = [m for _l, m in imported_modules("from ..trace.derive.stitch import stitch", fake)]
+    assert "trainplan.trace.derive.stitch" in mods and "stitch" not in derive_exports()
+    assert "Traces" in derive_exports() and "fragmentation" in derive_exports()
 
 
 # --- the checker itself: it must see every form of import the layers could break with ---------

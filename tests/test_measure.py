@@ -26,7 +26,8 @@ from trainplan.measure.records import (SCHEMA, check_record, job_from_record, jo
                                        read_records)
 from trainplan.measure.runner import build_on_device, local_semantics, run_measurement
 from trainplan.accelerators import get_accelerator
-from trainplan.spec import Lora, load_job
+from trainplan.spec import Lora
+from trainplan.jobfile import load_job
 from trainplan.trace.tracer import count_parameters
 
 from conftest import tiny_job, trace
@@ -314,7 +315,8 @@ def test_broken_calibration_file_is_one_clear_error(home, measured):
 
 def test_job_round_trips_through_a_record():
     from pathlib import Path
-    from trainplan.spec import Job, job_from_dict, validate
+    from trainplan.spec import Job, validate
+    from trainplan.jobfile import job_from_dict
     example = load_job(Path(__file__).resolve().parents[1] / "examples" / "graphmer-se.yaml")
     lora = validate(Job(model="hf:meta-llama/Llama-3.2-1B", batch_size=4, seq_len=1024,
                         precision="bf16-amp", lora=Lora(rank=16, targets="all-linear"),

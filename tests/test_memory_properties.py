@@ -12,7 +12,7 @@ import pytest
 
 from conftest import tiny_job, trace
 from trainplan.accelerators import get_accelerator
-from trainplan.predict.allocator import replay, replay_within
+from trainplan.trace.derive.allocator import replay, replay_within
 import trainplan.predict.sharding as sharding
 from trainplan.predict.memory import (estimate_memory, framework_overhead_bytes,
                               largest_trainable_tensor_bytes, runtime, softmax_input_bytes)
@@ -196,7 +196,7 @@ def test_fit_uses_the_release_path_near_the_limit(fp32_trace):
     from dataclasses import replace
     tight = replace(A100, usable_memory_bytes=m.peak_allocated_bytes + ctx + frag // 2)
     mt = estimate_memory(tr, tight, job, rt)
-    reserved, oom = replay_within(tr.alloc_events, tight.usable_memory_bytes - ctx)
+    reserved, oom = replay_within(tr.log.events, tight.usable_memory_bytes - ctx)
     assert mt.fits is (not oom)
     if not oom:
         assert mt.peak_reserved_bytes <= tight.usable_memory_bytes - ctx

@@ -8,7 +8,8 @@ from plan_examples import example_doc
 
 from trainplan.plan import Planner, make_plan, select_platforms
 from trainplan.plan import sessions as ses
-from trainplan.spec import load_job, validate
+from trainplan.spec import validate
+from trainplan.jobfile import load_job
 
 
 def _load(path):

@@ -1,12 +1,12 @@
-"""A trace interpolated between two micro-batches equals the traced one (predict/interpolate.py)."""
+"""A trace interpolated between two micro-batches equals the traced one (trace/derive/interpolate.py)."""
 import pytest
 import torch
 
 from conftest import tiny_job, trace
 from trainplan.accelerators import get_accelerator
 from trainplan.predict.memory import estimate_memory
-from trainplan.predict.interpolate import same_shape_family, trace_between
-from trainplan.predict.traces import Traces
+from trainplan.trace.derive import Traces
+from trainplan.trace.derive.interpolate import same_shape_family, trace_between
 from trainplan.predict.timing import estimate_step_time
 
 
@@ -62,7 +62,7 @@ def test_only_strictly_between(three):
 
 def test_trace_cache_reads_every_batch_off_the_anchors():
     """Real traces at 1 (when asked) and at the anchors 2 and 32 only; every other micro-batch is
-    read off their line, whatever was traced before (predict/traces.py)."""
+    read off their line, whatever was traced before (trace/derive/traces.py)."""
     job = tiny_job(precision="fp16-amp")
     from trainplan.trace.semantics import KernelSemantics
     sem = KernelSemantics(attention="efficient")

@@ -7,7 +7,8 @@ import pytest
 from trainplan import precision as P
 from trainplan import strategy as S
 from trainplan.errors import TrainplanError
-from trainplan.spec import Job, job_from_dict
+from trainplan.spec import Job
+from trainplan.jobfile import job_from_dict
 
 README = Path(__file__).resolve().parents[1] / "docs" / "design.md"     # the README points there
 

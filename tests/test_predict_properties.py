@@ -5,12 +5,12 @@ and a LoRA job (GPT-2 + LoRA on q,v).
     (a) memory grows with the work: peak allocated and required bytes are non-decreasing in the
         micro-batch, and in the sequence length for the text models;
     (b) the largest micro-batch does not depend on the batch the question was asked with;
-    (c) a trace read off the line through two real ones (predict/interpolate.py: interpolated
+    (c) a trace read off the line through two real ones (trace/derive/interpolate.py: interpolated
         between the anchors 2 and 32, extrapolated beyond) equals the real trace at that batch
         within 1% on every field the memory and time models read, depthwise convolutions kept.
 
 Real traces are deterministic, so every real trace is taken once per module: `trace_step`, as
-predict/traces.py calls it, is memoised. Each `Traces` cache is still fresh where a test says so:
+the trace cache (trace/derive/cache.py) calls it, is memoised. Each `Traces` cache is still fresh where a test says so:
 which batches a cache holds, and so what it interpolates, is what it would be without the memo.
 Accelerator: the smallest GPU in the catalog (4 GiB), so that the searches stay short.
 """
@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import pytest
 
-import trainplan.predict.traces as traces_mod
+import trainplan.trace.derive.cache as cache_mod
+import trainplan.trace.derive.traces as traces_mod
 from trainplan.accelerators import get_accelerator
 from trainplan.estimate import estimate
 from trainplan.predict import Traces, evaluate, semantics_for
-from trainplan.predict.interpolate import same_shape_family
+from trainplan.trace.derive.interpolate import same_shape_family
 from trainplan.predict.evaluate import memory_at
 from trainplan.predict.memory import estimate_memory
 from trainplan.predict.timing import estimate_step_time
@@ -63,22 +64,22 @@ def accel():
 
 @pytest.fixture(scope="module", autouse=True)
 def real_traces():
-    """Memoise `trace_step` as predict/traces.py calls it: every real trace is taken once. The
-    models are traced whole (no stack is cut: trace/depth.py MIN_BLOCKS), so that (c) compares
-    one real trace with another; traces stitched from cut ones are checked in test_depth.py."""
-    real = traces_mod.trace_step
+    """Memoise the trace cache's one-at-a-time traces (cache.py `trace_one`): every real trace
+    is taken once. The models are traced whole (no stack is cut: trace/stack.py MIN_BLOCKS), so
+    that (c) compares one real trace with another; traces stitched from cut ones are checked in
+    test_depth.py."""
+    real = cache_mod.trace_one
     memo: dict[tuple, object] = {}
 
-    def trace_step(job, sem, batch_size=None, *args, depth=None, **kw):
-        if args or kw:
-            return real(job, sem, batch_size, *args, depth=depth, **kw)
-        key = repr(job), sem.key(), batch_size or job.batch_size, depth
+    def trace_one(request):
+        job, sem, batch, depth = request
+        key = repr(job), sem.key(), batch or job.batch_size, depth
         if key not in memo:
-            memo[key] = real(job, sem, batch_size, depth=depth)
+            memo[key] = real(request)
         return memo[key]
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(traces_mod, "trace_step", trace_step)
+    mp.setattr(cache_mod, "trace_one", trace_one)
     mp.setattr(traces_mod, "MIN_BLOCKS", 10**9)
     yield memo
     mp.undo()
@@ -185,7 +186,7 @@ def test_largest_micro_batch_does_not_depend_on_the_asked_batch(name, accel):
 # --- (c) an interpolated trace equals the real one ---------------------------------------------
 
 # (model, lo, hi, b): every micro-batch from 2 up is read off the line through the real traces at
-# 2 and 32 (predict/traces.py ANCHORS): interpolated at 4 and 8, extrapolated at 64. Micro-
+# 2 and 32 (trace/derive/anchoring.py ANCHORS): interpolated at 4 and 8, extrapolated at 64. Micro-
 # batch 1 is not on that line (a broadcast over a batch of one is a view, over more a copy; the
 # transformers even run one op fewer at 1), so it is not an end of any case here.
 LO, HI = 2, 32
@@ -249,7 +250,7 @@ def test_interpolated_memory_fields_match_the_real_trace(case, pairs):
     for f in ("weight_bytes", "gradient_bytes", "optimizer_state_bytes", "trainable_param_bytes",
               "largest_block_param_bytes", "params_total", "params_trainable"):
         assert getattr(mid, f) == getattr(real, f), f
-    assert len(mid.alloc_events) == len(real.alloc_events)
+    assert len(mid.log.events) == len(real.log.events)
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)

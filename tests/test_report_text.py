@@ -25,7 +25,8 @@ from rich.console import Console
 from plan_examples import EXAMPLES, example_doc
 from trainplan.cli.main import main
 from trainplan.plan.result import READY_WITH_CHANGES, TIGHT, WONT_FIT
-from trainplan.plan.verdict import FITS, NO_FIT, headline, estimate_verdict
+from trainplan.plan.verdict import headline, estimate_verdict
+from trainplan.predict.memory import FITS, NO_FIT
 from trainplan.report import charts
 from trainplan.report.console import Col, console, fit_table
 from trainplan.report.plan_html import cost_chart, plan_html
@@ -190,12 +191,12 @@ def _est(fits=True, tight=False, findings=()):
 def test_estimate_verdict_separates_memory_from_precision():
     bf16 = SimpleNamespace(severity="error", kind="precision", blocks=True,
                            message="t4 has no bf16", fix="use --precision fp16-amp")
-    assert estimate_verdict(_est())[0] == FITS
-    assert estimate_verdict(_est(fits=False))[0] == NO_FIT
+    assert estimate_verdict(_est())[0] == FITS.upper() == "FITS"
+    assert estimate_verdict(_est(fits=False))[0] == NO_FIT.upper() == "DOES NOT FIT"
     word, why = estimate_verdict(_est(findings=[bf16]))
     assert word == READY_WITH_CHANGES and "fp16-amp" in why
     word, why = estimate_verdict(_est(fits=False, findings=[bf16]))
-    assert word == NO_FIT and "GiB" in why                      # memory decides first
+    assert word == NO_FIT.upper() and "GiB" in why                      # memory decides first
 
 
 # --- the CLI: catalog, estimate, inspect at 80 columns ---------------------------------------------

@@ -14,8 +14,9 @@ from rich.console import Console
 
 from conftest import tiny_job
 from plan_examples import TINY
-import trainplan.predict.generation as generation
-import trainplan.predict.traces as traces_mod
+import trainplan.trace.derive.cache as cache_mod
+import trainplan.trace.derive.inference as forwards_mod
+import trainplan.trace.derive.schedule as schedule_mod
 from trainplan.algorithm import Rollout
 from trainplan.cli.main import main
 from trainplan.plan import Planner, make_plan, select_platforms
@@ -26,7 +27,7 @@ from trainplan.report.plan_html import plan_html
 from trainplan.report.plan_markdown import SECTIONS, plan_markdown
 from trainplan.report.plan_rich import plan_rich, tracing_progress
 from trainplan.report.plan_tables import fmt_value
-from trainplan.spec import load_job
+from trainplan.jobfile import load_job
 from trainplan.units import (GiB, fmt_bytes, fmt_seconds, fmt_tick, gib, nice_ticks,
                              time_unit)
 
@@ -269,8 +270,8 @@ def test_memory_curves_take_no_trace_the_plan_did_not(algorithm, monkeypatch):
 
     def refuse(*a, **k):
         raise AssertionError("a memory curve asked for a new trace")
-    for mod, name in ((traces_mod, "trace_step"), (traces_mod, "trace_all"),
-                      (generation, "trace_forward")):
+    for mod, name in ((cache_mod, "trace_all"), (schedule_mod, "trace_all"),
+                      (forwards_mod, "trace_all")):
         monkeypatch.setattr(mod, name, refuse)
     curves = plan_extras(plan, platforms, planner).memory_curves
     assert planner.traces.traced == made

@@ -14,8 +14,9 @@ import pytest
 from trainplan.accelerators import get_accelerator
 from trainplan.predict.target import semantics_for
 from trainplan.plan.storage import checkpoint_parts
-from trainplan.predict.traces import Traces
-from trainplan.spec import load_job, validate
+from trainplan.trace.derive import Traces
+from trainplan.spec import validate
+from trainplan.jobfile import load_job
 
 from plan_examples import ROOT, example_doc
 

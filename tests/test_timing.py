@@ -16,8 +16,8 @@ from trainplan.precision import FP16_AMP
 from trainplan.spec import Job, validate
 from trainplan.predict.comm import NODE_NIC_BYTES_PER_S, collective_s, link_fraction
 from trainplan.predict.optable import OpTable
-from trainplan.predict.timing import (estimate_step_time, load_efficiency, op_times,
-                                      summarize)
+from trainplan.predict.time_params import bundled
+from trainplan.predict.timing import estimate_step_time, op_times, summarize
 from trainplan.trace.semantics import KernelSemantics
 from trainplan.trace.tracer import trace_step
 
@@ -127,7 +127,7 @@ def test_inter_node_ring_uses_the_node_nic_bandwidth():
 
 def test_depthwise_conv_backward_flops_closed_form():
     # FLOPs of a depthwise 3x3 conv: 2 N H W C k^2 forward; backward = grad_input + grad_weight
-    from trainplan.trace.counters import _conv_backward_flops
+    from trainplan.trace.ops import _conv_backward_flops
     x = torch.empty(4, 32, 16, 16, device="meta")
     w = torch.empty(32, 1, 3, 3, device="meta")
     g = torch.empty(4, 32, 16, 16, device="meta")
@@ -147,7 +147,7 @@ def _table(flops, nbytes, family=0, dtype=1, phase=0, name="mm", group_channels=
 
 
 def test_op_time_is_a_roofline():
-    p = load_efficiency()
+    p = bundled()
     a = get_accelerator("a100")
     # a big fp16 matmul: compute-bound, at most the measured matmul ceiling of the peak
     t, cb = op_times(_table(1e13, 1e8), a, FP16_AMP, p)
@@ -184,7 +184,7 @@ def test_host_overhead_floor_for_tiny_steps():
     tiny = validate(Job(model=GPT2, batch_size=1, seq_len=64, precision="bf16-amp"))
     tr = trace_step(tiny, KernelSemantics(attention="flash", autocast_dtype=torch.bfloat16))
     st = estimate_step_time(tr, get_accelerator("h100-sxm"), tiny)
-    host = float(issue_times(summarize(tr), load_efficiency()).sum())
+    host = float(issue_times(summarize(tr), bundled()).sum())
     assert st.step_time_s >= host * (1 - 1e-9)
     assert st.breakdown_s["overhead"] > 0          # the device waits for the host
 
@@ -229,7 +229,7 @@ def test_no_op_beats_its_roofline_on_any_accelerator_or_precision():
     bytes/s within the memory bandwidth, on every catalog accelerator and precision."""
     import numpy as np
     from trainplan.precision import ALL as PRECISIONS
-    p = load_efficiency()
+    p = bundled()
     names = ["mm", "convolution", "convolution", "_scaled_dot_product_efficient_attention",
              "native_layer_norm", "add", "_foreach_add"]
     fams = [0, 0, 0, 1, 2, 2, 2]
@@ -314,7 +314,7 @@ def test_host_runs_ahead_of_the_device_in_its_queue():
     had to issue after it -- not the sum of both, and never less than either."""
     import numpy as np
     from trainplan.predict.host import host_costs
-    p = load_efficiency()
+    p = bundled()
     a = get_accelerator("h100-sxm")
     big, small = 1e13, 100
     table = OpTable(np.array(["mm", "add"], dtype=object), np.array([0, 2]), np.array([2, 2]),
@@ -369,4 +369,4 @@ def test_fp16_loss_scaling_costs_an_unscale_pass():
     bf16 = estimate_step_time(tr, a, job("bf16-amp")).breakdown_s["optimizer"]
     grads = summarize(tr).meta["gradient_bytes"]
     assert fp16 - bf16 == pytest.approx(
-        2 * grads / (a.memory_bandwidth_bytes_per_s * load_efficiency()["bw_eff"]), rel=1e-6)
+        2 * grads / (a.memory_bandwidth_bytes_per_s * bundled().bw_eff), rel=1e-6)

@@ -1,4 +1,4 @@
-"""Traces one step serves for two targets (predict/traces.py): flash and memory-efficient
+"""Traces one step serves for two targets (trace/derive/twins.py): flash and memory-efficient
 attention where no SDPA call can take flash, and a TPU's fp16 AMP step, which is its bf16 step.
 Each sharing is checked against the real traces it replaces, and the scheduler (trace/parallel.py)
 against tracing everything."""
@@ -10,7 +10,7 @@ from trainplan.models.reference import TransformerDims
 from trainplan.precision import BF16_AMP, FP16_AMP
 from trainplan.predict import Traces, evaluate
 from trainplan.predict.target import semantics_for
-from trainplan.predict.traces import attention_twin, same_step
+from trainplan.trace.derive import attention_twin, same_step
 from trainplan.trace import parallel, store
 from trainplan.trace.semantics import KernelSemantics
 
@@ -29,7 +29,7 @@ EFFICIENT = KernelSemantics(attention="efficient", autocast_dtype=torch.bfloat16
 def _same_step(a, b) -> bool:
     ops = [(r.name, r.phase, r.flops, r.bytes, r.dtype, r.module) for r in a.ops]
     return (ops == [(r.name, r.phase, r.flops, r.bytes, r.dtype, r.module) for r in b.ops]
-            and a.alloc_events == b.alloc_events and a.phase_peaks == b.phase_peaks)
+            and a.log.events == b.log.events and a.phase_peaks == b.phase_peaks)
 
 
 def _alibi():
@@ -154,9 +154,8 @@ def test_a_round_asks_for_both_anchors_of_a_cut_model_at_once(monkeypatch):
     """traces.every: a step read off the anchors' line of a cut model needs two traces (the two
     anchors, cut to 4 blocks; one block more is read off the last, depth.extend); the first
     round asks for both, not one per round."""
-    from trainplan.predict.depth import HIGH
-    from trainplan.predict.traces import ANCHORS
-    from trainplan.trace.depth import MIN_BLOCKS
+    from trainplan.trace.derive import ANCHORS
+    from trainplan.trace.stack import HIGH, MIN_BLOCKS
     rounds = []
 
     class Stop(Exception):
@@ -183,11 +182,11 @@ def test_a_round_asks_for_both_anchors_of_a_cut_model_at_once(monkeypatch):
 ])
 def test_a_model_that_cannot_be_read_off_a_cut_trace_is_traced_whole_once(monkeypatch, model,
                                                                             made):
-    """predict/traces.py `_traced_whole`: what the built model shows on its first cut trace
+    """trace/derive/traces.py `_traced_whole`: what the built model shows on its first cut trace
     (nothing to cut, or a cut step that is not exact) holds for its other variants (a rung's
     checkpointing): none of them is traced cut again."""
-    import trainplan.predict.traces as traces_mod
-    import trainplan.trace.depth as trace_depth
+    import trainplan.trace.derive.traces as traces_mod
+    import trainplan.trace.stack as trace_depth
     monkeypatch.setattr(trace_depth, "MIN_BLOCKS", 6)
     monkeypatch.setattr(traces_mod, "MIN_BLOCKS", 6)
     monkeypatch.setenv("TRAINPLAN_JOBS", "1")      # a pool forked earlier cuts from its own

@@ -8,7 +8,7 @@ import pytest
 
 from trainplan.accelerators import get_accelerator
 from trainplan.predict import Traces, evaluate
-from trainplan.predict.traces import Deferred
+from trainplan.trace.derive import Deferred
 from trainplan.predict.target import semantics_for
 from trainplan.spec import Job, validate
 from trainplan.trace import store
@@ -42,7 +42,7 @@ def test_second_run_reads_the_store_and_answers_the_same(where):
 
 def test_a_step_read_off_another_is_kept_and_read_back(where):
     # gradient accumulation: the step without it is traced, the step with it read off it
-    # (predict/accumulate.py) and stored beside it; the next run traces nothing
+    # (trace/derive/accumulate.py) and stored beside it; the next run traces nothing
     job = tiny_job(batch_size=4, grad_accum=4)
     first = Traces()
     a = evaluate(job, T4, traces=first)
@@ -170,13 +170,12 @@ def test_the_least_recently_used_are_pruned(where, monkeypatch):
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_a_cut_trace_keeps_its_whole_stack_replay_so_a_warm_run_replays_nothing(where, monkeypatch,
                                                                                jobs):
-    """predict/depth.py `prepare`: a cut trace made here or in a worker (trace/parallel.py) comes
-    back with its whole stack's allocator replay, the store keeps it, and a second run reads it
+    """trace/derive/replays.py `prepare`: a cut trace made here or in a worker (trace/parallel.py)
+    comes back with its whole stack's allocator replay, the store keeps it, and a second run reads it
     instead of replaying 16 blocks' allocations again."""
-    import trainplan.predict.depth as depth
-    import trainplan.predict.memory as memory
-    from trainplan.predict.memory import fragmentation
-    from trainplan.trace.depth import MIN_BLOCKS
+    import trainplan.trace.derive.replays as replays
+    from trainplan.trace.derive import fragmentation
+    from trainplan.trace.stack import MIN_BLOCKS
     monkeypatch.setenv("TRAINPLAN_JOBS", jobs)
     job = tiny_job(num_layers=MIN_BLOCKS)
     sem = semantics_for(job, T4)
@@ -189,8 +188,7 @@ def test_a_cut_trace_keeps_its_whole_stack_replay_so_a_warm_run_replays_nothing(
 
     def no_replay(*a, **kw):
         raise AssertionError("replayed again")
-    monkeypatch.setattr(depth, "replay", no_replay)
-    monkeypatch.setattr(memory, "replay", no_replay)
+    monkeypatch.setattr(replays, "replay", no_replay)
     warm = Traces()
     again = warm.exact(job, sem, 2)
     assert warm.traced == 0 and warm.loaded == 1

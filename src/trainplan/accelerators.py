@@ -99,37 +99,50 @@ class Accelerator:
     sources: tuple[str, ...]
     choice_notes: str
 
-    def peak_flops(self, dtype: str) -> float:
-        """Dense peak FLOP/s per device that matmuls in `dtype` really run at.
+    def rate(self, dtype: str) -> tuple[float, bool]:
+        """(dense FLOP/s per device of a GEMM or convolution computing in `dtype`, whether it runs
+        on tensor cores: a TPU's MXU counts): the one per-dtype peak. The time model times every
+        kernel at it (predict/timing.py), MFU divides by it, the catalog lists it (`peak_flops`).
+        Not derated by `sustained_clock_fraction`; the time model applies that.
 
-        - "fp32": the FP32 rate (no TF32 implied).
-        - "tf32": the TF32 tensor rate; on devices without TF32 (pre-Ampere, TPU) the FP32 rate.
+        - "fp32": the FP32 rate (no TF32 implied); a TPU's MXU.
+        - "tf32": the TF32 tensor rate; without TF32 tensor cores (pre-Ampere, TPU) the FP32 rate.
         - "fp16": the FP16 tensor rate; without FP16 tensor cores the FP32 rate: PyTorch's half
           GEMM (cublasGemmEx with CUBLAS_COMPUTE_32F, aten/src/ATen/cuda/CUDABlas.cpp) and cuDNN's
           half convolutions (fp32 math type, "pseudo-half") accumulate in fp32, so they run on
-          the FP32 FMA units: a P100's 18.7e12 half2 rate (fp16 accumulate) is not reached.
-          0.0 on TPUs (no fp16).
-        - "bf16": the BF16 rate; 0.0 on devices without BF16 (T4, V100, P100, TITAN RTX):
-          emulation speed is not meaningful, callers report the incompatibility.
-        Not derated by `sustained_clock_fraction`; the time model applies that.
+          the FP32 FMA units: a P100's 18.7e12 half2 rate (fp16 accumulate) is not reached. A TPU
+          has no fp16: XLA computes it in bf16, at the bf16 rate.
+        - "bf16": the BF16 rate; on devices without BF16 (T4, V100, P100, TITAN RTX) the FP32
+          rate, what emulation is timed at (the compatibility rules report it: predict/compat.py).
+        - "fp8": the dense FP8 rate `torch._scaled_mm` runs at; without FP8 tensor cores the
+          FP32 rate.
         """
+        fp32 = float(self.fp32_flops or 0.0)
+        tc, tpu = self.tensor_cores, self.kind == "tpu"
+        if dtype == "tf32" and "tf32" in tc and self.tf32_flops:
+            return float(self.tf32_flops), True
+        if dtype == "fp16" and "fp16" in tc and self.fp16_tensor_flops:
+            return float(self.fp16_tensor_flops), True
+        if dtype == "fp16" and tpu:
+            return float(self.bf16_flops or fp32), True
+        if dtype == "bf16" and self.supports_bf16 and self.bf16_flops:
+            return float(self.bf16_flops), "bf16" in tc or tpu
+        if dtype == "fp8" and self.fp8_flops:
+            return float(self.fp8_flops), True
+        return fp32, tpu and dtype in ("fp32", "tf32")
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s per device that matmuls in `dtype` (fp32, tf32, fp16, bf16) really
+        run at: `rate`'s."""
         dtype = dtype.lower()
         if dtype not in DTYPES:
             raise TrainplanError(f"Unknown dtype {dtype!r} for peak FLOP/s.", allowed=", ".join(DTYPES))
-        if dtype == "bf16":
-            rate = self.bf16_flops if self.supports_bf16 else 0.0
-        elif dtype == "tf32":
-            rate = self.tf32_flops if self.tf32_flops else self.fp32_flops
-        elif dtype == "fp16":
-            rate = self.fp16_tensor_flops or (0.0 if self.kind == "tpu" else self.fp32_flops)
-        else:
-            rate = self.fp32_flops
-        if rate is None:
+        if self.fp32_flops is None:
             raise TrainplanError(
-                f"No sourced {dtype} rate for accelerator {self.id!r}.",
+                f"No sourced fp32 rate for accelerator {self.id!r}.",
                 fix=f"add the figure with its source to data/accelerators.csv (row {self.id!r})",
             )
-        return float(rate)
+        return self.rate(dtype)[0]
 
     @property
     def has_fp8(self) -> bool:

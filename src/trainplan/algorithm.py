@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .errors import TrainplanError, close_matches
+from .errors import TrainplanError, unknown
 
 ALGORITHMS = ("sft", "grpo", "dpo", "ppo")
 ENGINES = ("hf", "vllm-colocate", "vllm-server")
@@ -64,20 +64,18 @@ def parse_rollout(data, where: str) -> Rollout:
     for k, v in data.items():
         key = str(k).replace("-", "_")
         if key not in KEYS:
-            m = close_matches(key, sorted(KEYS))
-            raise TrainplanError(f"{where}: unknown rollout setting {k!r}."
-                                 + (f" Did you mean {m[0]!r}?" if m else ""),
-                                 allowed=", ".join(sorted(KEYS)))
+            raise unknown("rollout setting", key, sorted(KEYS), n=1,
+                          what=f"{where}: unknown rollout setting {k!r}.",
+                          allowed=", ".join(sorted(KEYS)))
         kw[key] = v
     for k in _INTS:
         if k in kw and not (isinstance(kw[k], int) and not isinstance(kw[k], bool) and kw[k] >= 1):
             raise TrainplanError(f"{where}: rollout {k} must be a whole number >= 1, got "
                                  f"{kw[k]!r}.", fix=f"write it like `{k}: 2`")
     if "engine" in kw and kw["engine"] not in ENGINES:
-        m = close_matches(str(kw["engine"]), ENGINES)
-        raise TrainplanError(f"{where}: rollout engine {kw['engine']!r} is not one trainplan "
-                             "models." + (f" Did you mean {m[0]!r}?" if m else ""),
-                             allowed=", ".join(ENGINES))
+        raise unknown("rollout engine", str(kw["engine"]), ENGINES, n=1,
+                      what=f"{where}: rollout engine {kw['engine']!r} is not one trainplan "
+                           "models.", allowed=", ".join(ENGINES))
     u = kw.get("gpu_memory_utilization")
     if u is not None and not (isinstance(u, (int, float)) and not isinstance(u, bool)
                               and 0 < u < 1):
@@ -97,10 +95,9 @@ def parse_rollout(data, where: str) -> Rollout:
 def check(algorithm: str, rollout: Rollout | None, seq_len: int | None) -> None:
     """The algorithm is known, and a generating one's lengths agree with seq_len."""
     if algorithm not in ALGORITHMS:
-        m = close_matches(str(algorithm), ALGORITHMS)
-        raise TrainplanError(f"--algorithm {algorithm!r} is not one trainplan models."
-                             + (f" Did you mean {m[0]!r}?" if m else ""),
-                             allowed=", ".join(ALGORITHMS))
+        raise unknown("algorithm", str(algorithm), ALGORITHMS, n=1,
+                      what=f"--algorithm {algorithm!r} is not one trainplan models.",
+                      allowed=", ".join(ALGORITHMS))
     if rollout is not None and algorithm not in GENERATES:
         raise TrainplanError(f"a rollout is set but algorithm {algorithm} generates nothing.",
                              allowed="rollout with algorithm: " + " or ".join(GENERATES),

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 
-from .errors import TrainplanError, close_matches
+from .errors import TrainplanError, unknown
 
 DAY_S = 86400.0
 PERIOD_S = {"week": 7 * DAY_S, "month": 365.25 / 12 * DAY_S, "year": 365.25 * DAY_S}
@@ -103,10 +103,8 @@ def parse_campaign(data, where: str = "campaign") -> CampaignSpec:
     for k, v in data.items():
         key = str(k).replace("-", "_")
         if key not in KEYS:
-            m = close_matches(key, KEYS)
-            raise TrainplanError(f"{where}: unknown campaign setting {k!r}."
-                                 + (f" Did you mean {m[0]!r}?" if m else ""),
-                                 allowed=", ".join(KEYS))
+            raise unknown("campaign setting", key, KEYS, n=1, allowed=", ".join(KEYS),
+                          what=f"{where}: unknown campaign setting {k!r}.")
         if v is not None:
             kw[key] = v
     runs = kw.get("runs", 1)
@@ -115,18 +113,15 @@ def parse_campaign(data, where: str = "campaign") -> CampaignSpec:
                              fix="write it like `runs: 100`")
     kw["runs"] = runs
     if "per" in kw and (not isinstance(kw["per"], str) or kw["per"] not in PERIOD_S):
-        m = close_matches(str(kw["per"]), tuple(PERIOD_S))
-        raise TrainplanError(f"{where}: campaign per {kw['per']!r} is not a period."
-                             + (f" Did you mean {m[0]!r}?" if m else ""),
-                             allowed=", ".join(PERIOD_S))
+        raise unknown("period", str(kw["per"]), tuple(PERIOD_S), n=1,
+                      what=f"{where}: campaign per {kw['per']!r} is not a period.",
+                      allowed=", ".join(PERIOD_S))
     prices = ownership()["electricity_usd_per_kwh"]
     regions = tuple(r for r in prices if not r.startswith("_"))
     if "region" in kw and (not isinstance(kw["region"], str) or kw["region"] not in regions):
-        m = close_matches(str(kw["region"]), regions)
-        raise TrainplanError(f"{where}: campaign region {kw['region']!r} has no electricity "
-                             "price." + (f" Did you mean {m[0]!r}?" if m else ""),
-                             allowed=", ".join(regions),
-                             fix="give electricity_usd_per_kwh yourself instead")
+        raise unknown("region", str(kw["region"]), regions, n=1, allowed=", ".join(regions),
+                      what=f"{where}: campaign region {kw['region']!r} has no electricity "
+                           "price.", hint="give electricity_usd_per_kwh yourself instead")
     for key, positive in (("electricity_usd_per_kwh", False), ("hardware_usd", False),
                           ("lifetime_years", True)):
         if key in kw:
@@ -150,10 +145,9 @@ def _sweep(data, where: str) -> tuple[tuple[str, tuple], ...]:
     for k, values in data.items():
         key = str(k).replace("-", "_")
         if key not in PLAN_FREE + PLAN_KEYS:
-            m = close_matches(key, PLAN_FREE + PLAN_KEYS)
-            raise TrainplanError(f"{where}: campaign sweep key {k!r} is not one trainplan knows."
-                                 + (f" Did you mean {m[0]!r}?" if m else ""),
-                                 allowed=", ".join(PLAN_FREE + PLAN_KEYS))
+            raise unknown("sweep key", key, PLAN_FREE + PLAN_KEYS, n=1,
+                          what=f"{where}: campaign sweep key {k!r} is not one trainplan knows.",
+                          allowed=", ".join(PLAN_FREE + PLAN_KEYS))
         if not isinstance(values, list) or not values or any(isinstance(v, (dict, list))
                                                               for v in values):
             raise TrainplanError(f"{where}: campaign sweep {k!r} must be a non-empty list of "

@@ -39,15 +39,32 @@ def close_matches(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
     return [lowered[h] for h in hits]
 
 
+def suggestion(name: str, choices: Iterable[str], n: int = 3,
+               show: Callable[[str], str] = repr, matches: list[str] | None = None) -> str:
+    """The phrase ` Did you mean 'a', 'b'?` naming up to `n` of the choices that look like
+    `name` (`matches`: found by the caller's own measure), each printed by `show`; empty when
+    none does."""
+    found = (close_matches(name, choices) if matches is None else matches)[:n]
+    return " Did you mean " + ", ".join(map(show, found)) + "?" if found else ""
+
+
 def unknown(kind: str, name: str, choices: Iterable[str], hint: str | None = None,
-            note: Callable[[str], str] | None = None) -> TrainplanError:
-    """`unknown("GPU", "t5", catalog_ids)` -> error naming close matches; `note(choice)` adds
-    a word after a match (a retired platform: "(retired 2026-09-15)")."""
-    choices = sorted(set(choices))
-    matches = close_matches(name, choices)
-    what = f"Unknown {kind} {name!r}."
-    if matches:
-        what += " Did you mean " + ", ".join(repr(m) + (note(m) if note else "")
-                                             for m in matches) + "?"
-    shown = ", ".join(choices[:40]) + (" ..." if len(choices) > 40 else "")
-    return TrainplanError(what, allowed=shown, fix=hint)
+            note: Callable[[str], str] | None = None, *, what: str | None = None, n: int = 3,
+            show: Callable[[str], str] = repr, allowed: str | None = None) -> TrainplanError:
+    """The error for a name that is not one of `choices`, naming close matches: the one way
+    every unknown name is reported. `unknown("GPU", "t5", catalog_ids)` -> "Unknown GPU 't5'.
+    Did you mean 't4'?", the choices as what is allowed (the first 40) and `hint` as the fix.
+
+    `what`: the sentence instead of "Unknown <kind> <name>." (where the value came from: "--strategy
+    'zer3' is not a strategy."); `n`: how many matches to name; `show`: how each is printed
+    (`note(choice)`, if given, adds a word after it: a retired platform's "(retired
+    2026-09-15)"); `allowed`: the allowed values as the caller lists them."""
+    pool = list(dict.fromkeys(choices))
+    shown = sorted(pool)
+    if note is not None:
+        show = (lambda m, base=show: base(m) + note(m))
+    text = (what if what is not None else f"Unknown {kind} {name!r}.")
+    text += suggestion(name, shown if what is None else pool, n, show)
+    if allowed is None:
+        allowed = ", ".join(shown[:40]) + (" ..." if len(shown) > 40 else "")
+    return TrainplanError(text, allowed=allowed, fix=hint)

@@ -36,7 +36,7 @@ from importlib import resources
 import yaml
 
 from .accelerators import Accelerator, get_accelerator
-from .errors import TrainplanError, close_matches, unknown
+from .errors import TrainplanError, unknown
 
 STATUSES = ("current", "retired", "unavailable")
 QUOTA_KINDS = ("gpu", "tpu", "none")
@@ -223,10 +223,8 @@ def read_platforms_file(path: str) -> list[Platform]:
             key = str(key_node.value)
             here = f"{path}:{key_node.start_mark.line + 1}"
             if key not in FIELD_NAMES:
-                hint = close_matches(key, FIELD_NAMES)
-                raise TrainplanError(f"{here}: unknown platform field {key!r}."
-                                     + (" Did you mean " + ", ".join(map(repr, hint)) + "?" if hint else ""),
-                                     allowed=", ".join(FIELD_NAMES))
+                raise unknown("platform field", key, FIELD_NAMES, allowed=", ".join(FIELD_NAMES),
+                              what=f"{here}: unknown platform field {key!r}.")
             raw[key] = _scalar(value_node, f"{path}:{value_node.start_mark.line + 1}", key)
             where[key] = f"{path}:{value_node.start_mark.line + 1}"
         p = _build(raw, where, builtin=False)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import TrainplanError, close_matches
+from .errors import unknown
 from .named import Named
 
 
@@ -167,9 +167,8 @@ def parse(value, mixed: bool = False, where: str = "--precision") -> Precision:
     table = _table()
     if text in table:
         return table[text]
-    m = close_matches(text, list(table))
-    hint = f" Did you mean {m[0]!r}?" if m else ""
-    raise TrainplanError(f"{where} {value!r} is not a precision.{hint}", allowed=", ".join(NAMES))
+    raise unknown("precision", text, table, n=1, what=f"{where} {value!r} is not a precision.",
+                  allowed=", ".join(NAMES))
 
 
 def spellings_table() -> list[tuple[str, str, str]]:

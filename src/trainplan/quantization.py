@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import TrainplanError, close_matches
+from .errors import unknown
 from .named import Named
 
 NF4_BLOCK = 64                 # weights per absmax (bitsandbytes blocksize, torchao block_size)
@@ -132,10 +132,8 @@ def parse(value, where: str = "--quantize") -> Quantization:
     table = _table()
     if text in table:
         return table[text]
-    m = close_matches(text, list(table))
-    hint = f" Did you mean {m[0]!r}?" if m else ""
-    raise TrainplanError(f"{where} {value!r} is not a quantisation.{hint}",
-                         allowed=", ".join(NAMES))
+    raise unknown("quantisation", text, table, n=1, allowed=", ".join(NAMES),
+                  what=f"{where} {value!r} is not a quantisation.")
 
 
 def spellings_table() -> list[tuple[str, str, str]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import TrainplanError, close_matches
+from .errors import unknown
 from .named import Named
 
 
@@ -70,6 +70,5 @@ def parse(value, where: str = "--strategy") -> Strategy:
             return s
     if text in _ALIASES:
         return _ALIASES[text]
-    m = close_matches(text, list(NAMES))
-    hint = f" Did you mean {m[0]!r}?" if m else ""
-    raise TrainplanError(f"{where} {value!r} is not a strategy.{hint}", allowed=", ".join(NAMES))
+    raise unknown("strategy", text, NAMES, n=1, what=f"{where} {value!r} is not a strategy.",
+                  allowed=", ".join(NAMES))

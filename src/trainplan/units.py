@@ -27,6 +27,22 @@ def fmt_bytes(n_bytes: float | None) -> str:
     return f"{n_bytes / 1024:.1f} KiB"
 
 
+def fmt_gib(n_bytes: float) -> str:
+    """Memory always in GiB with two decimals (a finding comparing a need with a capacity reads
+    both in one unit): 1.5 * 2**30 -> '1.50 GiB'."""
+    return f"{n_bytes / GiB:.2f} GiB"
+
+
+def fmt_mib(n_bytes: float) -> str:
+    """Memory in whole MiB (a saving too small for GiB): 52 * 2**20 -> '52 MiB'."""
+    return f"{n_bytes / MiB:.0f} MiB"
+
+
+def fmt_bandwidth(bytes_per_s: float) -> str:
+    """Memory bandwidth in GB/s (10**9 bytes a second, as datasheets give it): '3,350 GB/s'."""
+    return f"{bytes_per_s / GB:,.0f} GB/s"
+
+
 def fmt_count(n: float | None) -> str:
     """1234567 -> '1.23M'."""
     if n is None:

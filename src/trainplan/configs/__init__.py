@@ -25,7 +25,8 @@ from pathlib import Path
 
 from .. import algorithm as algo_mod
 from ..errors import TrainplanError
-from ..spec import Job, Lora, load_job
+from ..spec import Job, Lora
+from ..jobfile import load_job
 from . import accelerate as acc_mod
 from . import axolotl, llamafactory, torchtune, trl
 from . import deepspeed as ds_mod

@@ -151,10 +151,9 @@ def _model(c: Collector) -> None:
         "lora_") else "full"
     base = builder.removeprefix("qlora_").removeprefix("lora_")
     if base not in MODELS:
-        from ..errors import close_matches
-        hint = close_matches(base, MODELS)
+        from ..errors import suggestion
         raise m.error("_component_", f"{comp} is not a torchtune model trainplan has a config "
-                      "for." + (f" Did you mean {', '.join(hint)}?" if hint else ""),
+                      "for." + suggestion(base, MODELS, show=str),
                       allowed=", ".join(sorted(MODELS)),
                       fix="use one of these builders, or give the model with --model "
                           "hf:<hub id>")

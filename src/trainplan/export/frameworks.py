@@ -24,15 +24,11 @@ from dataclasses import dataclass
 import yaml
 
 from ..errors import TrainplanError
+from ..optimizer import ADAM, SGD_MOMENTUM
 from .common import Launch, _wrap, kept_settings
 
 PLACEHOLDER = "REPLACE_WITH_YOUR_DATASET"
 # trainplan optimizer -> the HF Trainer's `optim` (training_args.OptimizerNames)
-HF_OPTIM = {"adamw": "adamw_torch", "adam": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit",
-            "paged-adamw-8bit": "paged_adamw_8bit", "paged-adamw": "paged_adamw_32bit",
-            "adafactor": "adafactor", "sgd": "sgd", "sgd-momentum": "sgd", "lion": "lion_32bit"}
-
-
 @dataclass
 class Export:
     """One framework export: the launch values, the planned job, the config it came from."""
@@ -81,7 +77,7 @@ class Export:
         if self.source is not None and self.source.kind == kind and \
                 self.source.settings.get("optimizer") == opt and key in self.source.data:
             return str(self.source.data[key])
-        return HF_OPTIM.get(opt, "adamw_torch")
+        return opt.hf_optim
 
     def notes(self) -> list[str]:
         """What the framework's file cannot say exactly, for the header."""
@@ -90,8 +86,8 @@ class Export:
         if self.job.strategy.name.startswith("zero") and p.pure_half:
             out.append(f"pure {p.compute} planned; DeepSpeed's {p.compute} mode keeps fp32 "
                        "master weights in its optimizer (more memory than planned)")
-        if self.job.optimizer in ("adam", "sgd-momentum"):
-            out.append(f"optimizer {self.job.optimizer} written as {HF_OPTIM[self.job.optimizer]} "
+        if self.job.optimizer in (ADAM, SGD_MOMENTUM):   # the Trainer has no such `optim`
+            out.append(f"optimizer {self.job.optimizer} written as {self.job.optimizer.hf_optim} "
                        "(the Trainer's nearest; the same state size)")
         return out
 

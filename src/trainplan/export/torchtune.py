@@ -26,11 +26,6 @@ TOKENIZERS = {"llama3_2": "llama3.llama3_tokenizer", "llama3_1": "llama3.llama3_
 MODEL_TYPES = {"llama3_2": "LLAMA3_2", "llama3_1": "LLAMA3", "llama3": "LLAMA3",
                "llama2": "LLAMA2", "mistral": "MISTRAL", "qwen2_5": "QWEN2", "gemma": "GEMMA",
                "gemma2": "GEMMA2", "phi3": "PHI3_MINI"}
-OPTIMIZERS = {"adamw": "torch.optim.AdamW", "adam": "torch.optim.Adam", "sgd": "torch.optim.SGD",
-              "sgd-momentum": "torch.optim.SGD", "adafactor": "torch.optim.Adafactor",
-              "adamw-8bit": "bitsandbytes.optim.AdamW8bit",
-              "paged-adamw-8bit": "bitsandbytes.optim.PagedAdamW8bit",
-              "paged-adamw": "bitsandbytes.optim.PagedAdamW", "lion": "bitsandbytes.optim.Lion"}
 MLP = {"gate_proj", "up_proj", "down_proj", "w1", "w2", "w3", "mlp"}
 NAME = "torchtune.yaml"
 
@@ -71,8 +66,8 @@ def render(e: Export) -> dict[str, str]:
     if job.grad_checkpointing == "selective":
         notes.append("selective checkpointing planned; torchtune checkpoints whole layers")
     opt = dict(c.get("optimizer") or {})
-    if opt.get("_component_", "").lower() != OPTIMIZERS[job.optimizer].lower():
-        opt = {"_component_": OPTIMIZERS[job.optimizer], "lr": opt.get("lr", 2e-5)}
+    if opt.get("_component_", "").lower() != job.optimizer.torchtune.lower():
+        opt = {"_component_": job.optimizer.torchtune, "lr": opt.get("lr", 2e-5)}
     c["optimizer"] = opt
     recipe = _recipe(c, job, ln, notes)
     devices = ln.nodes * ln.procs_per_node

@@ -1,5 +1,6 @@
 """Session guard: checkpoint on a cadence, before a session's deadline and at the end of the run;
-keep the last N within the platform's disk and file limits; resume from the newest complete one.
+keep the last `keep_last` (fewer where the platform's disk and file limits hold fewer); resume
+from the newest complete one.
 
 Depends on torch and the standard library only: the Kaggle and Colab kits ship a copy of this
 package as `trainplan_guard/` (`trainplan export` copies these files). Two front ends:
@@ -30,8 +31,9 @@ committed checkpoints and removes half-written ones. A pruned checkpoint is rena
 
 Room. The folder must be a writable folder with room for the next checkpoint (the newest one's
 size, else the plan's `checkpoint_bytes`) when the guard starts and when it resumes, before any
-step; older checkpoints are pruned early to make room, never the newest. N are kept such that
-N + 1 fit the disk and file limits: the next save is written before the oldest goes. A disk that
+step; older checkpoints are pruned early to make room, never the newest. `keep_last` are kept
+(the plan's `keep_checkpoints`, 3 by default), fewer where N + 1 would not fit the disk and file
+limits: the next save is written before the oldest goes (session.py `keep_count`). A disk that
 fills part-way through a save: the partial folder is removed and `GuardError("disk full at PATH:
 X needed, Y free")` says what to change.
 

@@ -47,20 +47,26 @@ def latest_hf_checkpoint(output_dir: str | os.PathLike, log=None, clean: bool = 
     return None
 
 
+def _newest_size(guard: SessionGuard, out: Path) -> int | None:
+    """The newest committed checkpoint's size, else the plan's `checkpoint_bytes`."""
+    done = committed(out, HF_PREFIX)
+    return bytes_under(done[-1][1]) if done else guard.checkpoint_bytes
+
+
+def _on_rank0(guard: SessionGuard, fn, what: str) -> None:
+    """`fn()` on rank 0, its success agreed by every rank (ranks.py)."""
+    guard.ranks.agree_ok(attempt(fn) if guard.ranks.rank == 0 else None, what)
+
+
 def GuardCallback(guard: SessionGuard):
     """A `transformers.TrainerCallback` driven by `guard`: asks the Trainer to save every
     `guard.every_steps`, at the last step and before the deadline (then to stop); commits every
-    save the Trainer makes and prunes to what the disk and file limits hold. The Trainer's
-    checkpoints carry the model, optimizer, scheduler, RNG states and data position; resume
-    with `latest_hf_checkpoint`."""
+    save the Trainer makes and prunes to the guard's `keep_last`, fewer where the disk and file
+    limits hold fewer (the Trainer's `save_total_limit` is switched off: module docstring). The
+    Trainer's checkpoints carry the model, optimizer, scheduler, RNG states and data position;
+    resume with `latest_hf_checkpoint`. The class is made here because transformers is imported
+    only when a Trainer is guarded (the kits' guard runs without it)."""
     from transformers import TrainerCallback
-
-    def newest_size(out: Path) -> int | None:
-        done = committed(out, HF_PREFIX)
-        return bytes_under(done[-1][1]) if done else guard.checkpoint_bytes
-
-    def on_rank0(fn, what: str) -> None:
-        guard.ranks.agree_ok(attempt(fn) if guard.ranks.rank == 0 else None, what)
 
     class _GuardCallback(TrainerCallback):
         def on_train_begin(self, args, state, control, **kw):
@@ -75,8 +81,9 @@ def GuardCallback(guard: SessionGuard):
             def ready():
                 check_folder(out)
                 latest_hf_checkpoint(out, log=guard.log)         # half-written ones removed
-                guard._make_room(newest_size(out), "to start", committed(out, HF_PREFIX), out)
-            on_rank0(ready, "checking the checkpoint folder")
+                guard._make_room(_newest_size(guard, out), "to start",
+                                 committed(out, HF_PREFIX), out)
+            _on_rank0(guard, ready, "checking the checkpoint folder")
             return control
 
         def on_step_end(self, args, state, control, **kw):
@@ -87,9 +94,9 @@ def GuardCallback(guard: SessionGuard):
                     stale = out / f"{HF_PREFIX}{step}"
                     if stale.exists():                # uncommitted or damaged: written anew
                         remove(stale)
-                    guard._make_room(newest_size(out), "for the next checkpoint",
+                    guard._make_room(_newest_size(guard, out), "for the next checkpoint",
                                      committed(out, HF_PREFIX), out)
-                on_rank0(prepare, "making room for the checkpoint")
+                _on_rank0(guard, prepare, "making room for the checkpoint")
                 control.should_save = True
                 guard._busy, self.t0 = True, guard.clock()
             if what == "stop":
@@ -116,7 +123,7 @@ def GuardCallback(guard: SessionGuard):
                 guard.prune(out, HF_PREFIX, protect={Path(best)} if best else ())
             try:
                 guard.ranks.max(0)                    # every rank's files are written
-                on_rank0(commit, f"committing {folder.name}")
+                _on_rank0(guard, commit, f"committing {folder.name}")
             finally:
                 guard._busy = False
             guard.last_saved_step = step

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import torch
 
-from ..spec import Job, job_from_dict, load_job, validate
+from ..spec import Job, validate
+
+from ..jobfile import job_from_dict, load_job
 from .device import resolve_device
 from .recorder import Recorder
 
@@ -38,7 +40,7 @@ def resolve_job(job) -> Job:
         return validate(job_from_dict(job, source="record(job=...)"))
     from ..errors import TrainplanError
     raise TrainplanError(f"record() takes a Job, a YAML path or a dict, not {type(job).__name__}.",
-                         fix="pass trainplan.spec.load_job('job.yaml') or the path itself")
+                         fix="pass trainplan.jobfile.load_job('job.yaml') or the path itself")
 
 
 def _rank() -> int:

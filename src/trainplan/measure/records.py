@@ -36,7 +36,8 @@ from pathlib import Path
 from ..errors import TrainplanError
 from ..paths import trainplan_home
 from ..named import Named
-from ..spec import Job, job_from_dict, validate
+from ..spec import Job, validate
+from ..jobfile import job_from_dict
 
 SCHEMA = "trainplan.measurement/1"
 SOURCES = ("measure", "record", "hf-trainer", "measure-generate")

@@ -32,9 +32,9 @@ from ..models import ModelBundle, build_model
 from ..models.lora import LoraEmbedding, LoraLinear, QuantizedWeight, QuantLinear
 from ..spec import Job
 from ..trace.checkpointing import apply_checkpointing
-from ..trace.optimizers import BNB as BNB_OPTIMIZERS, build_optimizer
+from ..trace.optimizers import build_optimizer
 from ..trace.semantics import KernelSemantics, attention_backend_for
-from ..trace.tracer import autocast_dtype, prepare_model
+from ..trace.prepare import autocast_dtype, prepare_model
 from .device import describe_device, resolve_accelerator, resolve_device
 from .recorder import Recorder, check_measurable
 
@@ -214,7 +214,7 @@ def run_measurement(job: Job, steps: int = 10, warmup: int = 3, device: str | No
         return loss.detach()
 
     notes = list(bundle.notes)
-    if job.quantize.on or job.optimizer in BNB_OPTIMIZERS:
+    if job.quantize.on or job.optimizer.bnb:
         notes.append("QLoRA / 8-bit and paged AdamW run trainplan's emulation of bitsandbytes (the "
                      "ops the tracer counts, dequantize as a full-size write), not its kernels")
     if amp is not None and dev.type == "cpu":

@@ -80,7 +80,7 @@ def _build(job, attention: str) -> ModelBundle:
 def stack_hint(job) -> int | None:
     """How many repeated blocks the job's model config names (the deepest stack), without
     building it; None when unknown (timm, torchvision, py:). What decides whether a trace is cut
-    to a few blocks (trace/depth.py) is the built model; this only says whether to try."""
+    to a few blocks (trace/stack.py) is the built model; this only says whether to try."""
     if job.model.startswith("hf:"):
         from .hf import config_depth
         return config_depth(job)

@@ -335,26 +335,9 @@ def _largest_fitting_side(config, budget: int) -> int | None:
     return k * factor or None
 
 
-def _qwen_vl_inputs(config, job, model, seq: int):
-    """Qwen2-VL / Qwen2.5-VL training inputs with `images_per_sample` images of job.image_size.
-
-    Each sample is what Qwen2VLProcessor writes, images first: per image <|vision_start|>, the
-    image token repeated tokens_per_image times, <|vision_end|>; then text up to seq_len.
-    job.seq_len is the whole LM sequence, image tokens included (what the language model
-    processes); images that do not fit are an error. Labels are the ids with the image and vision
-    marker positions set to -100, as Qwen-VL fine-tuning scripts mask them (the loss's shapes do
-    not change). pixel_values is (images x patches, 3 * temporal_patch_size * patch^2), one row
-    per patch as the processor flattens them, image_grid_thw one [1, h/patch, w/patch] row per
-    image, and position_ids the model's own 3-D M-RoPE positions (get_rope_index, run on the
-    host). What needs values stays real (_HostInts); the window layout of Qwen2.5-VL's tower
-    (index, cu_window_seqlens) and the tower's rotary positions are computed by transformers'
-    own helpers (vision_utils) on the host and passed as the `image_*` precomputed kwargs
-    transformers provides for tracing (accepts_precomputed_kwargs). The tower then runs in the
-    traced step on fake pixel_values: patch embedding, every block, the merger.
-    """
-    from .vision_tokens import image_tokens
-    img = image_tokens(config, job.image_size)
-    n_img = _images_per_sample(job)
+def _qwen_vl_sample(config, job, img, n_img: int, seq: int):
+    """(ids, token types, labels) of one Qwen-VL sample (`_qwen_vl_inputs`): the images' tokens
+    with their vision markers first, then text; an error where the images do not fit."""
     image_id = config.image_token_id
     start_id = getattr(config, "vision_start_token_id", None)
     end_id = getattr(config, "vision_end_token_id", None)
@@ -390,6 +373,30 @@ def _qwen_vl_inputs(config, job, model, seq: int):
     label_row = torch.where(torch.tensor(types) == 0, row_t, -100)
     for t in markers:
         label_row = torch.where(row_t == t, -100, label_row)
+    return row_t, types_t, label_row
+
+
+def _qwen_vl_inputs(config, job, model, seq: int):
+    """Qwen2-VL / Qwen2.5-VL training inputs with `images_per_sample` images of job.image_size.
+
+    Each sample is what Qwen2VLProcessor writes, images first: per image <|vision_start|>, the
+    image token repeated tokens_per_image times, <|vision_end|>; then text up to seq_len.
+    job.seq_len is the whole LM sequence, image tokens included (what the language model
+    processes); images that do not fit are an error. Labels are the ids with the image and vision
+    marker positions set to -100, as Qwen-VL fine-tuning scripts mask them (the loss's shapes do
+    not change). pixel_values is (images x patches, 3 * temporal_patch_size * patch^2), one row
+    per patch as the processor flattens them, image_grid_thw one [1, h/patch, w/patch] row per
+    image, and position_ids the model's own 3-D M-RoPE positions (get_rope_index, run on the
+    host). What needs values stays real (_HostInts); the window layout of Qwen2.5-VL's tower
+    (index, cu_window_seqlens) and the tower's rotary positions are computed by transformers'
+    own helpers (vision_utils) on the host and passed as the `image_*` precomputed kwargs
+    transformers provides for tracing (accepts_precomputed_kwargs). The tower then runs in the
+    traced step on fake pixel_values: patch embedding, every block, the merger.
+    """
+    from .vision_tokens import image_tokens
+    img = image_tokens(config, job.image_size)
+    n_img = _images_per_sample(job)
+    row_t, types_t, label_row = _qwen_vl_sample(config, job, img, n_img, seq)
     vc = config.vision_config
     windowed = getattr(config, "model_type", "") == "qwen2_5_vl"
 

@@ -19,7 +19,7 @@ import re
 from importlib import resources
 from pathlib import Path
 
-from ..errors import TrainplanError
+from ..errors import TrainplanError, suggestion
 
 
 @functools.cache
@@ -167,8 +167,8 @@ def close_ids(ref: str, n: int = 3) -> list[str]:
 
 
 def _did_you_mean(ref: str) -> str:
-    matches = close_ids(ref)
-    return (" Did you mean " + ", ".join(f"'hf:{m}'" for m in matches) + "?") if matches else ""
+    """The bundled ids like `ref` (`close_ids`), as errors.suggestion names them."""
+    return suggestion(ref, (), show=lambda m: f"'hf:{m}'", matches=close_ids(ref))
 
 
 def is_local_ref(ref: str) -> bool:

@@ -90,8 +90,8 @@ def cached_config(repo_id: str) -> Path | None:
 
 
 def download_config(repo_id: str, close: str = "") -> Path:
-    """Fetch repo_id's config.json (the user opted in). `close`: " Did you mean ...?" to add to a
-    not-found message. Raises one TrainplanError for every failure."""
+    """Fetch repo_id's config.json (the user opted in). `close`: the close matches to add to a
+    not-found message (errors.suggestion). Raises one TrainplanError for every failure."""
     if repo_id in _fetched:
         return _fetched[repo_id]
     key = (repo_id, endpoint(), cache_dir(), offline(), os.environ.get("HF_TOKEN"), close)

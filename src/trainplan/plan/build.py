@@ -32,7 +32,7 @@ def _summary(job, cfg: Config | None) -> JobSummary:
                       params_total=tr.params_total if tr else None,
                       params_trainable=tr.params_trainable if tr else None,
                       precision=job.precision.name, precision_label=job.precision.label,
-                      optimizer=job.optimizer, strategy=job.strategy.name,
+                      optimizer=job.optimizer.name, strategy=job.strategy.name,
                       batch_size=job.batch_size, grad_accum=job.grad_accum, seq_len=job.seq_len,
                       image_size=job.image_size, lora_rank=job.lora.rank if job.lora else None,
                       quantize=job.quantize.name, grad_checkpointing=job.grad_checkpointing)

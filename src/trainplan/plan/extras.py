@@ -11,7 +11,7 @@ report/plan_document.py adds both under their own top-level keys of the one docu
 HTML and `--format json` render.
 
 Memory against micro-batch. Every point is the prediction core's evaluation of the job at that
-micro-batch (predict/evaluate.py): read off the line through the anchor traces (predict/traces.py,
+micro-batch (predict/evaluate.py): read off the line through the anchor traces (trace/derive/traces.py,
 the same numbers as a real trace). The curve costs no trace the plan did not already take
 (`Traces.made_only`): where the plan did not trace both anchors, or they do not run the same ops
 (data-dependent control flow), nothing is read off their line and the curve keeps the
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from ..accelerators import get_accelerator
 from ..errors import TrainplanError
 from ..predict.target import semantics_for
-from ..predict.traces import Deferred
+from ..trace.derive import Deferred
 from .fixes import apply
 from .planner import platform_job
 

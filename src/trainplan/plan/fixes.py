@@ -44,6 +44,8 @@ from importlib import resources
 
 from ..accelerators import Accelerator
 from ..algorithm import KEYS as ROLLOUT_KEYS
+from ..named import Named
+from ..optimizer import ADAM, ADAMW, ADAMW_8BIT, PAGED_ADAMW_8BIT, parse_offload
 from ..precision import BF16_AMP, FP16_AMP, Precision
 from ..spec import Lora
 from ..strategy import ZERO2, ZERO3, Strategy
@@ -107,7 +109,7 @@ def describe(setting: dict) -> str:
 
 def _step(rung, title, job, changes_training=False, **kw) -> Step:
     """The rung's job; `setting` names precision and strategy by their canonical spelling."""
-    setting = {k: v.name if isinstance(v, (Precision, Strategy)) else v for k, v in kw.items()}
+    setting = {k: v.name if isinstance(v, Named) else v for k, v in kw.items()}
     return Step(rung, title, apply(job, kw), setting, changes_training)
 
 
@@ -158,16 +160,15 @@ def frozen_half(job, accel, devices, trace=None):
 
 
 def optimizer_8bit(job, accel, devices, trace=None):
-    if job.optimizer not in ("adamw", "adam"):
+    if job.optimizer not in (ADAMW, ADAM):
         return None
-    return _step("optimizer-8bit", "8-bit AdamW (bitsandbytes)", job, optimizer="adamw-8bit")
+    return _step("optimizer-8bit", ADAMW_8BIT.label, job, optimizer=ADAMW_8BIT)
 
 
 def optimizer_paged(job, accel, devices, trace=None):
-    if job.optimizer not in ("adamw", "adam", "adamw-8bit"):
+    if job.optimizer not in (ADAMW, ADAM, ADAMW_8BIT):
         return None
-    return _step("optimizer-paged", "paged 8-bit AdamW (bitsandbytes)", job,
-                 optimizer="paged-adamw-8bit")
+    return _step("optimizer-paged", PAGED_ADAMW_8BIT.label, job, optimizer=PAGED_ADAMW_8BIT)
 
 
 def reference_off(job, accel, devices, trace=None):
@@ -263,8 +264,7 @@ def _engine_cast(job) -> dict:
 
 def _offload(level: str):
     def rung(job, accel, devices, trace=None):
-        order = ("none", "optimizer", "optimizer+params")
-        if order.index(job.offload) >= order.index(level):
+        if job.offload.order >= parse_offload(level).order:
             return None
         stage = ZERO3 if level == "optimizer+params" else (
             job.strategy if job.strategy.shards_gradients else ZERO2)

@@ -32,11 +32,11 @@ from ..errors import TrainplanError
 from ..platforms import Platform, host_cpu
 from ..predict import BUNDLED_ONLY, Calibration, Evaluation, Traces, evaluate, largest_micro_batch
 from ..predict import compat
-from ..predict.traces import anchors_for
+from ..trace.derive import anchors_for
 from ..predict.algorithms import request_rollout
 from ..predict.target import devices as devices_of, semantics_for
 from ..strategy import DDP, DP, SINGLE
-from ..units import fmt_bytes
+from ..units import MiB, fmt_bytes, fmt_mib
 from . import cost as cost_mod
 from . import sessions as ses
 from . import storage as sto
@@ -45,7 +45,6 @@ from .fixes import LADDER, SPEED_LADDER, Skip, Step
 from .fixes import row as fixes_row
 from .result import Fix, Sessions, Storage
 
-MiB = 2**20
 KEEP_MIN_BYTES = 64 * MiB   # a rung that frees less is reported, not kept (it has a cost)
 
 
@@ -230,7 +229,7 @@ class Planner:
 
     def prime(self, jobs_platforms, accumulate: bool = False) -> None:
         """Trace at once, on all cores, what many platforms share: per traced variant and kernel
-        semantics, what evaluating the per-device batch P reads (predict/traces.py: the two
+        semantics, what evaluating the per-device batch P reads (trace/derive/anchoring.py: the two
         anchors, and micro-batch 1 where P is 1), and a generating job's rollout forwards at P;
         with `accumulate`, the steps with gradients accumulating."""
         requests = []
@@ -283,7 +282,7 @@ class Planner:
             bound = _at_most_saves(r.rung, cfg)
             if not speed and bound is not None and \
                     bound < max(KEEP_MIN_BYTES, 0.01 * cfg.used_bytes):
-                fixes.append(_untried(r, cfg, f"saves at most {bound / MiB:.0f} MiB here (the "
+                fixes.append(_untried(r, cfg, f"saves at most {fmt_mib(bound)} here (the "
                                       "trace's optimizer state); not tried"))
                 continue
             try:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ..strategy import DP
 from ..units import fmt_bytes, fmt_int, fmt_seconds, fmt_usd
 from .result import READY, READY_WITH_CHANGES, RETIRED, TIGHT, WONT_FIT, CheckItem
+from ..predict.memory import FITS, NO_FIT, TIGHT as TIGHT_FIT
 
 
 def batch_change(job, cfg, devices: int, target: int) -> str | None:
@@ -202,7 +203,6 @@ def _storage(storage, sessions, items: list[CheckItem], fail: list[str]) -> None
 # --- the summary line and the estimate's verdict: decided here, from the same marks ----------
 
 RUNS = (READY, READY_WITH_CHANGES, TIGHT)     # verdicts under which the job runs
-FITS, TIGHT_FIT, NO_FIT = "FITS", "TIGHT", "DOES NOT FIT"   # `trainplan estimate`'s vocabulary
 RUNS_AFTER_CHANGES = READY_WITH_CHANGES      # fits; a setting (precision...) must change first
 
 
@@ -239,17 +239,18 @@ def headline(doc: dict) -> Headline:
 
 
 def estimate_verdict(est) -> tuple[str, str]:
-    """(verdict, why) for `trainplan estimate`: DOES NOT FIT only for memory (or a finding that
+    """(verdict, why) for `trainplan estimate`: the memory's fit state in capitals (predict/
+    memory.py's states: FITS, TIGHT, DOES NOT FIT), DOES NOT FIT only for memory (or a finding that
     blocks the job outright); an error that a setting change cures -- bf16 on a T4, which runs
     as fp16 -- is READY WITH CHANGES (the plan's word) with the change, not a memory verdict."""
     m = est.memory
     if not m.fits:
-        return NO_FIT, f"needs {fmt_bytes(m.required_bytes)} per device, has {fmt_bytes(m.capacity_bytes)}"
+        return NO_FIT.upper(), f"needs {fmt_bytes(m.required_bytes)} per device, has {fmt_bytes(m.capacity_bytes)}"
     errors = [f for f in est.findings if f.severity == "error" and f.kind != "memory"]
     blocking = [f for f in errors if f.blocks and not f.fix]
     if blocking:
-        return NO_FIT, blocking[0].message
+        return NO_FIT.upper(), blocking[0].message
     if errors:
         f = errors[0]
         return RUNS_AFTER_CHANGES, f.message + (f" -> {f.fix}" if f.fix else "")
-    return (TIGHT_FIT if m.tight else FITS), ""
+    return (TIGHT_FIT if m.tight else FITS).upper(), ""

@@ -3,8 +3,7 @@ micro-batch. Imports nothing from plan/, report/, measure/ or cli/ (tests/test_l
 
     target.py       what a job means on an accelerator: devices, kernel semantics
     compat.py       what a target cannot run: findings and rewrites, one table
-    traces.py       the trace cache; interpolate.py between traced micro-batches
-    memory.py       per-device memory by strategy; allocator.py the caching-allocator replay
+    memory.py       per-device memory by strategy (the traces it reads: trace/derive/)
     timing.py       step time; calibration.py what it rests on
     evaluate.py     evaluate(job, accel, calibration, traces) and largest_micro_batch
 """
@@ -12,7 +11,7 @@ from .calibration import BUNDLED_ONLY, Calibration, StepTimeFactor
 from .evaluate import MAX_MICRO_BATCH, Evaluation, evaluate, largest_micro_batch
 from .findings import Finding
 from .target import devices, semantics_for
-from .traces import Traces, trace_job
+from ..trace.derive import Traces, trace_job
 
 __all__ = ["BUNDLED_ONLY", "Calibration", "StepTimeFactor", "MAX_MICRO_BATCH", "Evaluation",
            "evaluate", "largest_micro_batch", "Finding", "devices", "semantics_for", "Traces",

@@ -130,7 +130,7 @@ def request_rollout(job, accel: Accelerator, devices: int) -> None:
         return
     from ..errors import TrainplanError
     from .generation import estimate_generation
-    from .traces import Deferred
+    from ..trace.derive import Deferred
     try:
         estimate_generation(job, accel, **_rollout(job, devices))
     except (Deferred, TrainplanError):    # an error is raised again where the step is evaluated

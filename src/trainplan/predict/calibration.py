@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from .timing import bundled_accuracy, load_efficiency
+from .time_params import TimeParams, bundled, bundled_accuracy
 
 UNMEASURED_TERMS = ("communication", "data_wait")   # a one-device synthetic run has neither
 BUNDLED, EXPLICIT, MEASURED = "bundled", "explicit", "measured"
@@ -41,7 +41,7 @@ class StepTimeFactor:
 
 @dataclass(frozen=True)
 class Calibration:
-    params: dict | None = None                        # None: the bundled fit
+    params: TimeParams | None = None                  # None: the bundled fit
     factors: dict = field(default_factory=dict)       # accelerator id -> StepTimeFactor
 
     def source(self, accel_id: str) -> dict:
@@ -56,11 +56,11 @@ class Calibration:
             words += (f", off by {acc['loso_median_abs_err']:.0%} (median) and "
                       f"{acc['loso_p90_abs_err']:.0%} (p90) on published runs it was not "
                       "fitted to")
-        params = self.params if self.params is not None else load_efficiency()
-        ceiling = accel_id in params.get("matmul_ceiling", {})
-        if not ceiling and "tc_emax" in params:
+        params = self.params if self.params is not None else bundled()
+        ceiling = accel_id in params.matmul_ceiling
+        if not ceiling:
             words += (f"; with no measured matmul ceiling for {accel_id}, on its datasheet peaks "
-                      f"at the median measured ceiling ({params['tc_emax']:.0%})")
+                      f"at the median measured ceiling ({params.tc_emax:.0%})")
         if f is None:
             return {"kind": model, "time_model": model, "measured": False,
                     "matmul_ceiling_measured": ceiling,

@@ -22,15 +22,14 @@ RDNA parts. Apple's MPS has one device, no DeepSpeed and no flash-attn build, an
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..accelerators import Accelerator
 from ..errors import TrainplanError
 from ..precision import BF16_AMP, FP16_AMP, FP8_AO_TENSORWISE, FP8_TE_CURRENT
 from ..strategy import DDP, DP, SINGLE
-from ..trace.optimizers import BNB as BNB_OPTIMIZERS
 from ..trace.semantics import ROCM_EXPERIMENTAL_SDPA
-from ..units import fmt_bytes
+from ..units import fmt_bytes, fmt_gib
 from .findings import Finding
 from .target import devices
 
@@ -55,7 +54,7 @@ def _gpu(accel) -> bool:
 
 
 def _bnb(job) -> bool:
-    return job.quantize.bnb or job.optimizer in BNB_OPTIMIZERS
+    return job.quantize.bnb or job.optimizer.bnb
 
 
 def _bnb_what(job) -> str:
@@ -103,10 +102,10 @@ RULES: tuple[Rule, ...] = (
          lambda j, a: f"{a.id} cannot run bitsandbytes ({_bnb_what(j)}): its kernels are CUDA-only.",
          lambda j, a: "on a TPU use LoRA in bf16 (--quantize none) and --optimizer adamw or adafactor",
          lambda j, a: j.with_(quantize="none",
-                              optimizer="adamw" if j.optimizer in BNB_OPTIMIZERS else j.optimizer),
+                              optimizer="adamw" if j.optimizer.bnb else j.optimizer),
          fatal=True),
     Rule("bitsandbytes-optimizers-mps", "error",
-         lambda j, a: a.backend == "mps" and j.optimizer in BNB_OPTIMIZERS,
+         lambda j, a: a.backend == "mps" and j.optimizer.bnb,
          lambda j, a: f"bitsandbytes' 8-bit and paged optimizers ({j.optimizer}) are not "
                       "supported on Apple's Metal backend (planned; QLoRA 4-bit and LLM.int8 are).",
          lambda j, a: "use --optimizer adamw (or adafactor to save optimizer memory)",
@@ -171,8 +170,7 @@ RULES: tuple[Rule, ...] = (
          lambda j, a: None, kind="advice"),
     Rule("dataparallel-imbalance", "warning",
          lambda j, a: j.strategy is DP and j.gpus > 1,
-         lambda j, a: "DataParallel gathers outputs and keeps the optimizer on GPU 0 (more memory "
-                      "there) and runs one Python thread per GPU.",
+         lambda j, a: _dataparallel(),
          lambda j, a: "use DDP (torchrun --nproc-per-node N): --strategy ddp", kind="advice"),
     Rule("tpu-computes-bf16", "info",
          lambda j, a: a.kind == "tpu" and j.precision is FP16_AMP,
@@ -191,6 +189,25 @@ RULES: tuple[Rule, ...] = (
          lambda j, a: f"{j.precision.label}: small updates can round away.",
          lambda j, a: f"use --precision {j.precision}-amp unless memory forbids", kind="advice"),
 )
+
+
+def _dataparallel(gpu0_extra_bytes: int = 0) -> str:
+    """The DataParallel finding's words, with what GPU 0 holds beyond the others where the
+    memory model has it (memory.py `gpu0_extra_bytes`)."""
+    more = f"{fmt_gib(gpu0_extra_bytes)} more memory there" if gpu0_extra_bytes else \
+        "more memory there"
+    return (f"DataParallel gathers outputs and keeps the optimizer on GPU 0 ({more}) and runs one "
+            "Python thread per GPU.")
+
+
+def with_gpu0(findings: list[Finding], gpu0_extra_bytes: int) -> list[Finding]:
+    """`findings` with the DataParallel finding saying how much more GPU 0 holds: one finding
+    for DataParallel, not a second one from the memory model."""
+    if not gpu0_extra_bytes:
+        return findings
+    plain = _dataparallel()
+    return [replace(f, message=_dataparallel(gpu0_extra_bytes)) if f.message == plain else f
+            for f in findings]
 
 
 def check(job, accel: Accelerator, strict: bool = True) -> list[Finding]:

@@ -7,7 +7,7 @@ its reports all come through here.
 
 The largest micro-batch. Whether micro-batch b fits is decided on `MemoryEstimate.required_bytes`
 (memory.py), on the trace `Traces.at` gives for b: real at 1 and at the anchors 2 and 32, every
-other b read off the line through the anchors, which equals a real trace (interpolate.py). The
+other b read off the line through the anchors, which equals a real trace (trace/derive/). The
 search starts where the line through the anchors' memory crosses the capacity, gallops from
 there to a micro-batch that fits and one that does not, and finds the crossing between them
 (regula falsi); memory is non-decreasing in b, so the path does not change the answer. Every
@@ -21,16 +21,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..accelerators import Accelerator
-from ..trace.tracer import Trace
+from ..trace.derive import Deferred, Traces, anchors, anchors_for, fragmentation, rules_for
+from ..trace.facts import Trace
+from ..units import fmt_gib
 from . import algorithms, compat
-from .allocator import rules_for
 from .calibration import BUNDLED_ONLY, Calibration
 from .findings import Finding
-from .memory import (NO_FIT, MemoryEstimate, estimate_memory, fragmentation,
-                     fragmentation_between)
+from .memory import NO_FIT, MemoryEstimate, estimate_memory, fragmentation_between
 from .target import devices, semantics_for
 from .timing import StepTime, estimate_step_time
-from .traces import Deferred, Traces, anchors, anchors_for
 
 MAX_MICRO_BATCH = 65536    # the search's ceiling: beyond it the answer is this bound
 
@@ -81,34 +80,23 @@ class Evaluation:
 
 
 def memory_finding(mem: MemoryEstimate, accel: Accelerator) -> Finding:
-    gib = 2**30
-    return Finding("error", f"needs {mem.required_bytes / gib:.2f} GiB per device, {accel.id} has "
-                            f"{mem.capacity_bytes / gib:.2f} GiB",
+    return Finding("error", f"needs {fmt_gib(mem.required_bytes)} per device, {accel.id} has "
+                            f"{fmt_gib(mem.capacity_bytes)}",
                    "a smaller micro-batch with accumulation, or `trainplan plan` for the fix "
                    "ladder (checkpointing, LoRA, ZeRO, offload)", kind="memory")
 
 
 def tight_finding(mem: MemoryEstimate, accel: Accelerator) -> Finding:
-    gib = 2**30
-    held = (f"the allocator must give cached memory back to run it ({mem.held_bytes / gib:.2f} "
-            f"GiB with room)" if mem.fit_margin < 0 else
+    held = (f"the allocator must give cached memory back to run it ({fmt_gib(mem.held_bytes)} "
+            f"with room)" if mem.fit_margin < 0 else
             f"{mem.fit_margin:.0%} of it free")
     band = (f"; with the band (+{mem.band.p95:.1%}, {mem.band.basis}, {mem.band.rows} "
-            f"validated runs) it needs {mem.banded_bytes / gib:.2f} GiB, fitting "
+            f"validated runs) it needs {fmt_gib(mem.banded_bytes)}, fitting "
             f"{mem.fit_probability:.0%} of them" if mem.band is not None else "")
-    return Finding("warning", f"tight: fits {accel.id}'s {mem.capacity_bytes / gib:.2f} GiB on "
+    return Finding("warning", f"tight: fits {accel.id}'s {fmt_gib(mem.capacity_bytes)} on "
                               f"paper, with {held}{band}; prone to out-of-memory errors",
                    "for headroom: a smaller micro-batch with more accumulation, activation "
                    "checkpointing, or `trainplan plan` for the fix ladder", kind="memory")
-
-
-def gpu0_finding(mem: MemoryEstimate) -> list[Finding]:
-    """DataParallel's imbalance, when the memory model found one."""
-    if not mem.gpu0_extra_bytes:
-        return []
-    return [Finding("warning", f"GPU 0 holds {mem.gpu0_extra_bytes / 2**30:.2f} GiB more than the "
-                               "others (DataParallel gathers outputs there).",
-                    "use DDP (torchrun): --strategy ddp", kind="strategy")]
 
 
 def memory_at(job, accel: Accelerator, traces: Traces, sem, batch: int
@@ -118,7 +106,7 @@ def memory_at(job, accel: Accelerator, traces: Traces, sem, batch: int
     so memory is non-decreasing in the micro-batch."""
     tr, interpolated = traces.at(job, sem, batch)
     lo, hi = anchors(job)
-    rules = rules_for(accel.backend)     # the backend's allocator (allocator.py)
+    rules = rules_for(accel.backend)     # the backend's allocator (trace/derive/allocator.py)
     if batch <= lo:        # the line starts at lo: the larger anchor is not needed (nor traced)
         frag = fragmentation(traces.exact(job, sem, lo), rules)
     else:
@@ -156,7 +144,7 @@ def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
                               host_speed=host_speed)
         phases, generation, mem = alg.phases_s, alg.generation, alg.memory
         time = with_phases(time, phases, alg.notes)
-    findings += gpu0_finding(mem)
+    findings = compat.with_gpu0(findings, mem.gpu0_extra_bytes)
     if job.expert_parallel > 1 and not tr.expert_param_bytes:
         findings.append(Finding("warning", f"expert parallelism ({job.expert_parallel}) asked, "
                                            "but the model has no mixture-of-experts layers",

@@ -5,7 +5,7 @@
     memory         the step does not fit the device (a micro-batch or the fix ladder can cure it)
     compatibility  the target cannot run part of the job as written (compat.py)
     advice         runs, but slower or riskier than it needs to be
-    strategy       what a multi-device strategy does to one device (DataParallel's GPU 0)
+    strategy       what a multi-device strategy does (expert parallelism without experts)
 """
 from __future__ import annotations
 

@@ -50,18 +50,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..errors import TrainplanError
-from ..models import stack_hint
-from ..trace import store
-from ..trace.depth import MIN_BLOCKS
-from ..trace.generate import InferenceTrace, kv_cache_bytes, trace_forward
+from ..trace.derive import forwards
+from ..trace.generate import InferenceTrace, kv_cache_bytes
 from .comm import collective_s
 from .target import semantics_for
 from .host import issue_times, run_queue
 from .optable import summarize
-from .timing import load_efficiency, op_times
-from ..trace.parallel import Forward
-from .depth import HIGH, whole_forward
-from .traces import Deferred, defer_forward, may_trace
+from .time_params import TimeParams, bundled
+from .timing import op_times
 
 ENGINES = ("hf", "vllm")
 VLLM_MEMORY_UTILIZATION = 0.9        # vLLM EngineArgs.gpu_memory_utilization default
@@ -110,7 +106,7 @@ class GenerationEstimate:
     notes: list[str] = field(default_factory=list)
 
 
-def step_cost(tr: InferenceTrace, accel, precision, p: dict,
+def step_cost(tr: InferenceTrace, accel, precision, p: TimeParams,
               gather: tuple[float, float] = (0.0, 0.0), host_speed: float = 1.0) -> StepCost:
     """Time one traced forward with the training time model (timing.op_times); `host_speed`:
     the host CPU's single-thread speed over the reference host's (predict/host.py)."""
@@ -123,71 +119,11 @@ def step_cost(tr: InferenceTrace, accel, precision, p: dict,
                     gather[0], gather[1], ops, q.seconds)
 
 
-_MEMO: dict[tuple, InferenceTrace] = {}
-
-
-def forward_job(job):
-    """The job as a no-grad forward sees it: what only training reads (optimizer, checkpointing,
-    accumulation, frozen modules, the training micro-batch, the job's name and notes) reset, so
-    the ladder's rungs that change only those (8-bit AdamW, checkpointing, accumulation) share
-    one generation trace."""
-    from .traces import trace_job
-    return trace_job(job).with_(optimizer="adamw", grad_checkpointing="none",
-                                checkpoint_impl="auto", grad_accum=1, frozen=(), name=None,
-                                notes=(), algorithm="sft")
-
-
-def _traced(job, sem, batch: int, new_tokens: int, context: int) -> InferenceTrace:
-    """trace_forward, once per process and kept in the disk store (trace/store.py): a plan asks
-    for the same rollout on every rung of every platform's ladder. While a plan runs its tasks
-    in rounds (traces.in_rounds) a forward not made yet is made with the round's other traces,
-    on all cores (`defer_forward`)."""
-    tj = forward_job(job)
-    memo = (repr(tj), repr(sem), batch, new_tokens, context)
-    if memo not in _MEMO:
-        name = store.key(tj, sem, batch, f"forward {new_tokens} at {context}")
-        tr = store.load(name)
-        if tr is None:
-            depth = HIGH if (stack_hint(tj) or 0) >= MIN_BLOCKS else None
-
-            def keep(made):
-                if isinstance(made, InferenceTrace):     # a deep stack traced cut: read the
-                    made = whole_forward(made)           # whole one off it (depth.py), or
-                    if made is None:                     # trace it whole
-                        made = trace_forward(tj, sem, batch, new_tokens, context)
-                    store.save(name, made)
-                _MEMO[memo] = made
-
-            defer_forward(memo, Forward(tj, sem, batch, new_tokens, context, depth), keep)
-            if not may_trace():       # within Traces.made_only(): not traced now
-                raise Deferred
-            keep(trace_forward(tj, sem, batch, new_tokens, context, depth))
-        else:
-            _MEMO[memo] = tr
-    if isinstance(_MEMO[memo], BaseException):    # a forward that could not be traced
-        raise _MEMO[memo]
-    return _MEMO[memo]
-
-
-def _all_traced(job, sem, forwards: list[tuple]) -> list[InferenceTrace]:
-    """`_traced` for each (batch, new_tokens, context); where some are deferred, all of them
-    are asked for first, so that one round makes them together."""
-    out, deferred = [], None
-    for f in forwards:
-        try:
-            out.append(_traced(job, sem, *f))
-        except Deferred as e:
-            deferred = e
-    if deferred is not None:
-        raise deferred
-    return out
-
-
 def estimate_generation(job, accel, *, prompts: int, generations_per_prompt: int = 1,
                         prompt_len: int, completion_len: int, engine: str = "hf",
                         sharded_weights_devices: int = 1, gather_once: bool = False,
                         gpu_memory_utilization: float | None = None,
-                        calibration: dict | None = None,
+                        calibration: TimeParams | None = None,
                         host_speed: float = 1.0) -> GenerationEstimate:
     """Seconds and bytes to generate `completion_len` tokens for each of prompts x
     generations_per_prompt sequences on one `accel` device (module docstring); `host_speed`:
@@ -197,7 +133,7 @@ def estimate_generation(job, accel, *, prompts: int, generations_per_prompt: int
     if min(prompts, generations_per_prompt, prompt_len, completion_len,
            sharded_weights_devices) < 1:
         raise TrainplanError("prompts, generations, lengths and devices must be >= 1.")
-    p = calibration or load_efficiency()
+    p = calibration or bundled()
     notes: list[str] = []
     if engine == "vllm" and job.precision.amp:
         job = job.with_(precision="bf16" if job.precision.is_bf16 else "fp16")
@@ -211,27 +147,13 @@ def estimate_generation(job, accel, *, prompts: int, generations_per_prompt: int
     if engine == "vllm":      # the context's part in closed form (module docstring): trace at 1
         t0 = t1 = 1
     decode = [(B, 1, t0)] + ([(B, 1, t1)] if t1 != t0 else []) if n else []
-    pre, *steps = _all_traced(job, sem, [(prefill_batch, P, 0)] + decode)
+    pre, *steps = forwards(job, sem, [(prefill_batch, P, 0)] + decode)
     d0 = steps[0] if n else None
     d1 = steps[-1] if n else None
 
-    gather = (0.0, 0.0)
-    per_device_w = pre.weight_bytes
     sharded = n_dev > 1 and engine == "hf"
-    if sharded:
-        w_compute = pre.params_total * job.precision.compute_bytes
-        unit = w_compute / max(pre.layers, 1)
-        if gather_once:
-            notes.append(f"weights gathered once for generation (TRL ds3_gather_for_generation): "
-                         f"{collective_s('all_gather', w_compute, n_dev, accel):.3g} s, "
-                         "full weights resident")
-        else:
-            gather = (collective_s("all_gather", w_compute, n_dev, accel),
-                      collective_s("all_gather", unit, n_dev, accel))
-            per_device_w = int(pre.weight_bytes / n_dev + 2 * unit)
-            notes.append(f"weights sharded over {n_dev} devices: every forward (each decode "
-                         f"token) all-gathers {(n_dev - 1) / n_dev:.0%} of the weights over "
-                         f"{accel.interconnect} ({gather[0]:.3g} s per step)")
+    gather, per_device_w = _gather(pre, job, accel, n_dev, gather_once, notes) if sharded else \
+        ((0.0, 0.0), pre.weight_bytes)
     costs = {"prefill": step_cost(pre, accel, job.precision, p, gather, host_speed)}
     if n:
         costs["decode_first"] = step_cost(d0, accel, job.precision, p, gather, host_speed)
@@ -247,7 +169,7 @@ def estimate_generation(job, accel, *, prompts: int, generations_per_prompt: int
         # the measured bandwidth fraction, on top of the step traced at context 1
         per_token = kv_cache_bytes(pre.layers, pre.kv_heads, pre.head_dim, B,
                                    pre.kv_dtype_bytes) / (accel.memory_bandwidth_bytes_per_s
-                                                          * p["bw_eff"])
+                                                          * p.bw_eff)
         first, last = P, P + max(C - 2, 0)
         T0, T1 = T0 + per_token * first, T0 + per_token * last
         notes.append("vLLM decode: the step traced at context 1 plus one read of the KV cache "
@@ -256,7 +178,44 @@ def estimate_generation(job, accel, *, prompts: int, generations_per_prompt: int
     decode_s = n * T0 + (T1 - T0) * (n - 1) / 2 if n else 0.0
     total = prefill_s + decode_s
 
-    kv = kv_cache_bytes(pre.layers, pre.kv_heads, pre.head_dim, B * (P + C), pre.kv_dtype_bytes)
+    kv, transient, peak = _memory(pre, d0, d1, B * (P + C), per_device_w, engine, accel,
+                                  gpu_memory_utilization, notes)
+    bound = _bound(costs, engine, n)
+    notes.append(f"{len(costs)} forwards traced; decode time affine in context, summed in "
+                 f"closed form over {n} steps; bound: {bound}")
+    for tr in (pre, d0):
+        if tr is not None:
+            notes.extend(x for x in tr.notes if x not in notes)
+    return GenerationEstimate(B, P, C, engine, prefill_s, decode_s, total,
+                              B * C / total if total else 0.0, T0, T1, kv, per_device_w,
+                              transient, peak, bound, costs, notes)
+
+
+def _gather(pre: InferenceTrace, job, accel, n_dev: int, gather_once: bool, notes: list[str]
+            ) -> tuple[tuple[float, float], int]:
+    """((all-gather of the weights a device lacks each forward, of the first unit), weight
+    bytes a device holds) with the weights sharded over `n_dev` devices (module docstring)."""
+    w_compute = pre.params_total * job.precision.compute_bytes
+    unit = w_compute / max(pre.layers, 1)
+    if gather_once:
+        notes.append(f"weights gathered once for generation (TRL ds3_gather_for_generation): "
+                     f"{collective_s('all_gather', w_compute, n_dev, accel):.3g} s, "
+                     "full weights resident")
+        return (0.0, 0.0), pre.weight_bytes
+    gather = (collective_s("all_gather", w_compute, n_dev, accel),
+              collective_s("all_gather", unit, n_dev, accel))
+    notes.append(f"weights sharded over {n_dev} devices: every forward (each decode "
+                 f"token) all-gathers {(n_dev - 1) / n_dev:.0%} of the weights over "
+                 f"{accel.interconnect} ({gather[0]:.3g} s per step)")
+    return gather, int(pre.weight_bytes / n_dev + 2 * unit)
+
+
+def _memory(pre: InferenceTrace, d0, d1, tokens: int, weights: int, engine: str, accel,
+            gpu_memory_utilization: float | None, notes: list[str]) -> tuple[int, int, int]:
+    """(KV cache of `tokens` tokens, the largest forward's transient, peak bytes) on one
+    device: the closed-form cache (scaled by the traced one's ratio where layers share or
+    window it), and vLLM's reservation (module docstring)."""
+    kv = kv_cache_bytes(pre.layers, pre.kv_heads, pre.head_dim, tokens, pre.kv_dtype_bytes)
     last = d1 or pre
     traced_tokens = last.batch_size * (last.context + last.new_tokens)
     closed = kv_cache_bytes(last.layers, last.kv_heads, last.head_dim, traced_tokens,
@@ -266,7 +225,7 @@ def estimate_generation(job, accel, *, prompts: int, generations_per_prompt: int
                      f"{closed} B (sliding-window or shared-KV layers): traced ratio applied")
         kv = int(kv * last.kv_cache_bytes / closed)
     transient = max(tr.transient_bytes for tr in (pre, d0, d1) if tr is not None)
-    need = per_device_w + kv + transient
+    need = weights + kv + transient
     peak = need
     if engine == "vllm":
         util = gpu_memory_utilization or VLLM_MEMORY_UTILIZATION
@@ -277,15 +236,7 @@ def estimate_generation(job, accel, *, prompts: int, generations_per_prompt: int
         if need > util * accel.usable_memory_bytes:
             notes.append("weights + KV cache exceed that reservation: vLLM preempts sequences "
                          "or refuses to start")
-    bound = _bound(costs, engine, n)
-    notes.append(f"{len(costs)} forwards traced; decode time affine in context, summed in "
-                 f"closed form over {n} steps; bound: {bound}")
-    for tr in (pre, d0):
-        if tr is not None:
-            notes.extend(x for x in tr.notes if x not in notes)
-    return GenerationEstimate(B, P, C, engine, prefill_s, decode_s, total,
-                              B * C / total if total else 0.0, T0, T1, kv, per_device_w,
-                              transient, peak, bound, costs, notes)
+    return kv, transient, peak
 
 
 def calibrated(g: GenerationEstimate, factor, key: str) -> GenerationEstimate:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .optable import FORWARD, OPTIMIZER, OpTable
+from .time_params import TimeParams
 
 # kernels whose output size depends on the data: the host reads it back before it can go on
 SYNC_OPS = frozenset({"nonzero", "masked_select", "_unique2", "unique_consecutive",
@@ -90,16 +91,16 @@ def _segment(host: np.ndarray, device: np.ndarray) -> Queue:
     return Queue(float(d_cum[-1]), float(h_cum[-1]), lag)
 
 
-def host_costs(p: dict) -> dict[str, float]:
+def host_costs(p: TimeParams) -> dict[str, float]:
     """Seconds the reference host spends issuing one op of each kind (module docstring)."""
-    d, scale, launch = p["host_dispatch"], p["host_scale"], p["cuda_launch_s"]
-    return {"forward": scale * d["forward_op_s"] + launch,
-            "backward": scale * d["backward_op_s"] + launch,
-            "inference": scale * d["inference_op_s"] + launch,
-            "view": scale * d["view_s"]}
+    d, scale, launch = p.host_dispatch, p.host_scale, p.cuda_launch_s
+    return {"forward": scale * d.forward_op_s + launch,
+            "backward": scale * d.backward_op_s + launch,
+            "inference": scale * d.inference_op_s + launch,
+            "view": scale * d.view_s}
 
 
-def issue_times(table: OpTable, p: dict, speed: float = 1.0, inference: bool = False,
+def issue_times(table: OpTable, p: TimeParams, speed: float = 1.0, inference: bool = False,
                 processes: int = 1) -> np.ndarray:
     """Host seconds to issue each kernel of `table.seq` (module docstring). `processes` > 1:
     torch.nn.DataParallel issues every device's kernels from one Python thread."""
@@ -113,11 +114,11 @@ def issue_times(table: OpTable, p: dict, speed: float = 1.0, inference: bool = F
 
 def sync_mask(table: OpTable) -> np.ndarray:
     """True for the kernels of `table.seq` the host waits on (SYNC_OPS); memoised."""
-    memo = table.__dict__.get("_sync")
+    memo = table.memo.sync
     if memo is None:
         unique = np.fromiter((n in SYNC_OPS for n in table.name), dtype=bool,
                              count=len(table.name))
-        memo = table.__dict__["_sync"] = unique[table.seq]
+        memo = table.memo.sync = unique[table.seq]
     return memo
 
 
@@ -147,7 +148,7 @@ class _Issue:
 
 
 def _issue(table: OpTable) -> _Issue:
-    memo = table.__dict__.get("_issue")
+    memo = table.memo.issue
     if memo is not None:
         return memo
     ph = table.phase[table.seq]
@@ -159,11 +160,11 @@ def _issue(table: OpTable) -> _Issue:
     kinds[3] = table.seq_host
     counts = np.concatenate([np.cumsum(kinds[:, :n_mb], axis=1),
                              np.cumsum(kinds[:, n_mb:], axis=1)], axis=1)
-    memo = table.__dict__["_issue"] = _Issue(n_fwd, n_mb, counts, bool(sync_mask(table).any()))
+    memo = table.memo.issue = _Issue(n_fwd, n_mb, counts, bool(sync_mask(table).any()))
     return memo
 
 
-def step_queue(table: OpTable, device: np.ndarray, p: dict, k: int = 1, speed: float = 1.0,
+def step_queue(table: OpTable, device: np.ndarray, p: TimeParams, k: int = 1, speed: float = 1.0,
                processes: int = 1, sync_before_optimizer: bool = False) -> StepQueue:
     """Run a training step's kernels through the queue: `device` is each unique op's device
     time (timing.op_times); k micro-batches back to back, then the optimizer step, which

@@ -15,7 +15,7 @@ The per-device peak is the largest transformed phase peak.
 Three figures, as PyTorch users know them:
     peak_allocated_bytes  torch.cuda.max_memory_allocated()
     peak_reserved_bytes   torch.cuda.max_memory_reserved(): allocated plus the caching allocator's
-                          fragmentation, from replaying the traced allocations (allocator.py)
+                          fragmentation, from replaying the traced allocations (trace/derive/)
     device_used_bytes     reserved + CUDA context and kernels (+ NCCL's own buffers when
                           several GPUs communicate): what nvidia-smi shows
 
@@ -34,7 +34,7 @@ data/overheads.json; the default is today's PyTorch):
 A job fits when the CUDA context plus the least the allocator must reserve fits the device:
 near the limit the allocator gives cached free segments back and retries (allocator.py), so the
 step needs less than its unconstrained peak reserved. `required_bytes` = context + allocated +
-the replay's pinned fragmentation (segments a live block keeps: allocator.py): the smallest
+the replay's pinned fragmentation (segments a live block keeps: trace/derive/allocator.py): the smallest
 device the step runs on, whatever the device asked about, so the fit answer and the largest
 micro-batch do not depend on it. Fragmentation is measured on the single-device replay and
 scaled by the share of it a strategy's device holds. On a
@@ -64,15 +64,10 @@ from importlib import resources
 
 from ..accelerators import Accelerator
 from ..strategy import DDP, DP
-from ..trace.optimizers import PAGED as PAGED_OPTIMIZERS
-from ..trace.tracer import Trace
+from ..trace.derive import Fragmentation, fragmentation, rules_for
+from ..trace.facts import Trace
 from . import bands, sharding
-from .allocator import CUDA, Rules, replay, rules_for
 from .sharding import largest_trainable_tensor_bytes
-
-# torch.optim optimizers whose step runs multi-tensor (foreach) on CUDA; the others in
-# trace/optimizers.py (Lion, Adafactor, 8-bit AdamW) are traced as per-parameter loops already
-FOREACH_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
 
 
 @dataclass(frozen=True)
@@ -237,7 +232,8 @@ def _apply_runtime(c: dict[str, float], job, trace: Trace, phase: str, rt: Runti
         c["activations"] += saved + (rerun if phase == "backward" else 0)
     if not rt.zero_grad_set_to_none and phase in ("forward", "backward"):
         c["gradients"] = max(c["gradients"], float(trace.gradient_bytes))
-    if not rt.optimizer_foreach and phase == "optimizer" and job.optimizer in FOREACH_OPTIMIZERS:
+    # only torch.optim's steps run multi-tensor (optimizer.py); the others are per-parameter loops
+    if not rt.optimizer_foreach and phase == "optimizer" and job.optimizer.foreach:
         share = largest_trainable_tensor_bytes(trace) / max(1, trace.trainable_param_bytes)
         c["temporaries"] *= min(1.0, share)
 
@@ -252,49 +248,22 @@ def _transform(cats: dict[str, int], job, trace: Trace, phase: str,
     c = {k: float(v) for k, v in cats.items()}
     _apply_runtime(c, job, trace, phase, rt or runtime())
     sharding.per_device(c, job, trace, phase, n)
-    if job.offload in ("optimizer", "optimizer+params"):
+    if job.offload.states:
         c["optimizer_states"] = 0
         if phase == "optimizer":
             c["temporaries"] = 0
-    if job.offload == "optimizer+params":
+    if job.offload.params:
         c["weights"] = 0 if s.shards_weights else c["weights"]
     if s is DDP and n > 1 and ddp_buckets:
         c["gradients"] += trace.gradient_bytes   # bucket copies, allocated at DDP construction
     return {k: int(v) for k, v in c.items()}
 
 
-@dataclass(frozen=True)
-class Fragmentation:
-    """What the caching allocator holds beyond the allocated peak, in bytes of the traced
-    single-device step: `pinned` (segments a live block keeps, the least it must hold) and
-    `reserved` (everything it caches on a device with room)."""
-
-    pinned: int
-    reserved: int
-
-
-def fragmentation(trace: Trace, rules: Rules = CUDA) -> Fragmentation:
-    """The trace's own replay (allocator.py): peak pinned and peak reserved minus peak allocated
-    (a trace stitched from cut ones carries its own, made when first asked: predict/depth.py).
-    `rules`: the backend's allocator (CUDA and ROCm share one; MPS's heaps differ)."""
-    key = "fragmentation" if rules is CUDA else f"fragmentation:{rules.name}"
-    if key not in trace.derived and "fragmentation_from" in trace.derived:
-        make = trace.derived["fragmentation_from"]
-        trace.derived[key] = make() if rules is CUDA else make(rules=rules)
-    if key in trace.derived:
-        return trace.derived[key]
-    return replayed(*_replay_once(trace, rules))
-
-
-def replayed(alloc: int, reserved: int, pinned: int) -> Fragmentation:
-    """The fragmentation of an allocator replay's peaks (allocator.replay)."""
-    return Fragmentation(max(0, pinned - alloc), max(0, reserved - alloc))
-
-
 def fragmentation_between(at_lo: Fragmentation, at_hi: Fragmentation, lo: int, hi: int,
                           batch: int) -> Fragmentation:
-    """Fragmentation at `batch` from the replays at two micro-batches lo < hi: that of lo, growing
-    along the line to hi's where hi's is larger, never shrinking. The replay's fragmentation
+    """Fragmentation at `batch` from the replays at two micro-batches lo < hi (trace/derive/
+    replays.py): that of lo, growing along the line to hi's where hi's is larger, never
+    shrinking. The replay's fragmentation
     jumps by a segment here and there as sizes change (a 20 MiB segment that happens to be shared
     or not); read off this line it grows with what the step allocates, so memory is
     non-decreasing in the micro-batch and the fit answer cannot flip back as b grows."""
@@ -315,7 +284,7 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
                                                        trace.peak_breakdown_bytes)}
     best_phase, best = None, None
     devices = max(1, job.gpus) * accel.devices_per_unit
-    paged_states = job.optimizer in PAGED_OPTIMIZERS
+    paged_states = job.optimizer.paged
     fixed = 0
     candidates, stream_held = [], {}
     for phase, (_total, cats) in phases.items():
@@ -340,7 +309,7 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
     allocated = sum(best.values())
     # paged optimizer states live in CUDA unified memory, outside the caching allocator: on the
     # device while there is room, paged to host RAM by the driver when it runs short
-    paged = best["optimizer_states"] if job.optimizer in PAGED_OPTIMIZERS else 0
+    paged = best["optimizer_states"] if paged_states else 0
     allocated -= paged
     # the single-device replay's fragmentation, scaled to what this strategy's device holds
     frag = frag or fragmentation(trace, rules_for(accel.backend))
@@ -376,16 +345,6 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
         band=bands.band_for(job, accel, moe=bool(trace.expert_param_bytes)))
 
 
-def _replay_once(trace: Trace, rules: Rules = CUDA) -> tuple[int, int, int]:
-    """(peak allocated, peak reserved, peak pinned) of the trace's allocations (allocator.py),
-    memoised on the trace: they depend on the trace and the allocator's rules only."""
-    memo = trace.derived
-    key = "replay" if rules is CUDA else f"replay:{rules.name}"
-    if key not in memo:
-        memo[key] = replay(trace.alloc_events, rules)
-    return memo[key]
-
-
 def _output_bytes(trace: Trace) -> int:
     """Bytes of the model's output for one micro-batch (logits), from the last forward module."""
     rows = [m for m in trace.modules if m.depth == 1]
@@ -401,8 +360,8 @@ def _host_ram(trace: Trace, job, accel: Accelerator) -> int:
     procs = accel.devices_per_unit * max(1, job.gpus) if accel.kind == "tpu" else (
         max(1, job.gpus) if job.strategy is not DP else 1)
     host = procs * trace.weight_bytes
-    if job.offload in ("optimizer", "optimizer+params"):
+    if job.offload.states:
         host += trace.optimizer_state_bytes + trace.gradient_bytes
-    if job.offload == "optimizer+params":
+    if job.offload.params:
         host += trace.weight_bytes
     return int(host)

@@ -7,8 +7,9 @@ shape) -- once, with its count, and the step's kernels in the order the host iss
 (`seq_host`: views and the like, trace/counters.py `host_ops`). The order is what the host/device
 queue (predict/host.py) runs over; the counts are what the totals sum.
 
-A trace read off a cut one (predict/depth.py) holds each of the last block's records once per
-block, the copies appended after the traced ops. In `seq` they are put back where a real step
+A trace read off a cut one (trace/derive/stitch.py) holds each of the last block's records once
+per block, the copies appended after the traced ops: the same record objects, so that a copy is
+known by its identity. In `seq` they are put back where a real step
 runs them: after the last traced block's run in each phase (forward, backward), block after
 block, so a 32-block model's queue sees 32 blocks and then the head, as it runs.
 """
@@ -24,6 +25,19 @@ FORWARD, BACKWARD, OPTIMIZER = range(len(PHASES))     # OpTable.phase codes
 FAMILIES = ("matmul", "attention", "other")
 DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2,          # others (int, bool, "") -> 3
           "float8_e4m3fn": 4, "float8_e5m2": 4, "float8_e4m3fnuz": 4, "float8_e5m2fnuz": 4}
+
+
+@dataclass
+class TableMemo:
+    """What the time model reads off a table that no parameter changes, made once per table
+    (a fit times one table thousands of times): timing.py's kernel classes, per-accelerator
+    static arrays and MFU peak, host.py's issue counts and synchronising kernels."""
+
+    kernel_classes: np.ndarray | None = None
+    static: dict[tuple, object] = field(default_factory=dict)     # (accel, precision) -> _Static
+    mfu_peak: dict[tuple, float | None] = field(default_factory=dict)
+    issue: object | None = None                                   # host._Issue
+    sync: np.ndarray | None = None                                # host.sync_mask
 
 
 @dataclass
@@ -43,6 +57,7 @@ class OpTable:
     meta: dict = field(default_factory=dict)   # model_flops, gradient_bytes, params_total, ...
     seq: np.ndarray = None              # the step's kernels in issue order (indices)
     seq_host: np.ndarray = None         # kernel-less ops the host dispatched before each
+    memo: TableMemo = field(default_factory=TableMemo, repr=False, compare=False)
 
     COLS = ("name", "family", "dtype", "phase", "conv", "flops", "bytes", "count",
             "group_channels", "shape")
@@ -86,8 +101,9 @@ class OpTable:
 
 def _in_order(ops: list) -> list:
     """`ops` as a step runs them: a record that appears more than once (a cut trace's last block,
-    repeated for the blocks left out: predict/depth.py) keeps its first place, and its copies
-    run after the last repeated record of its phase, block after block (module docstring)."""
+    repeated for the blocks left out: trace/derive/stitch.py) keeps its first place, and its
+    copies run after the last repeated record of its phase, block after block (module
+    docstring). A repeated record is the same object: counted by its identity within `ops`."""
     times = Counter(map(id, ops))
     if max(times.values(), default=1) == 1:
         return ops
@@ -110,14 +126,15 @@ def _in_order(ops: list) -> list:
 
 
 def summarize(trace) -> OpTable:
-    """Aggregate `trace.ops` once (memoised on the trace) so every accelerator reuses it."""
+    """Aggregate `trace.ops` once (kept on the trace: TraceDerived.op_table) so every
+    accelerator reuses it."""
     if isinstance(trace, OpTable):
         return trace
-    memo = trace.derived
-    if "op_table" in memo:
-        return memo["op_table"]
+    if trace.derived.op_table is not None:
+        return trace.derived.op_table
     index: dict[tuple, int] = {}
-    of_record: dict[int, int] = {}      # a stitched trace repeats records: each key made once
+    of_record: dict[int, int] = {}      # a stitched trace repeats records (the same objects):
+                                        # each one's key made once
     keys, counts, seq, seq_host = [], [], [], []
     for o in _in_order(trace.ops):
         i = of_record.get(id(o))
@@ -158,5 +175,5 @@ def summarize(trace) -> OpTable:
                           "channels_last": bool(trace.semantics.channels_last)},
                     seq=np.asarray(seq, dtype=np.int64), seq_host=np.asarray(seq_host,
                                                                              dtype=np.int64))
-    memo["op_table"] = table
+    trace.derived.op_table = table
     return table

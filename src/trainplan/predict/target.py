@@ -15,7 +15,7 @@ import torch
 from ..accelerators import Accelerator
 from ..models.hf_names import EAGER_BEFORE_SDPA_PORT, model_type
 from ..trace.semantics import KernelSemantics, attention_backend_for
-from ..trace.tracer import autocast_dtype
+from ..trace.prepare import autocast_dtype
 
 
 def devices(job, accel: Accelerator) -> int:

@@ -37,10 +37,7 @@ samples_per_s_per_worker and overlaps the step when it has workers.
 """
 from __future__ import annotations
 
-import functools
-import json
 from dataclasses import dataclass, field
-from importlib import resources
 
 import numpy as np
 
@@ -52,31 +49,12 @@ from . import kernels
 from .comm import DEVICES_PER_NODE, exposed_comm
 from .host import step_queue
 from .optable import BACKWARD, FORWARD, OPTIMIZER, PHASES, OpTable, summarize
+from .time_params import TimeParams, bundled
 
 # XLA compiles the step graph on the host on the first steps of a session. Sourced range
 # (performance_notes.md section 3, S37): 100-110 s (Llama 3.1 8B, vLLM on v5e-8/v4-8), 8 min
 # (136K-node graph), up to 25-30 min for large graphs; recompiles on every new shape.
 XLA_COMPILE_S = 180.0
-
-
-@functools.lru_cache(maxsize=1)
-def _efficiency_file() -> dict:
-    return json.loads(resources.files("trainplan.data").joinpath("efficiency.json").read_text())
-
-
-@functools.lru_cache(maxsize=1)
-def load_efficiency() -> dict:
-    """Fitted parameters from data/efficiency.json (see its `provenance`)."""
-    data = _efficiency_file()
-    return dict(data["params"], matmul_ceiling=data.get("matmul_ceiling", {}),
-                attn_generation=data.get("attn_generation", {}),
-                host_dispatch=data["host_dispatch"])
-
-
-def bundled_accuracy() -> dict | None:
-    """The bundled fit's error on sources it never saw (efficiency.json `accuracy`, written by
-    scripts/validate_time.py): leave-one-source-out median and p90 absolute error."""
-    return _efficiency_file().get("accuracy")
 
 
 @dataclass
@@ -94,35 +72,19 @@ class StepTime:
 
 
 def _rates(accel, precision: Precision) -> tuple[np.ndarray, np.ndarray]:
-    """Peak FLOP/s and tensor-core flag per (dtype code, conv) -> arrays indexed [dtype, conv]
-    (codes: DTYPES; 4 = FP8, the catalog's `fp8_flops`)."""
-    tc = accel.tensor_cores
-    tpu = accel.kind == "tpu"
-    fp32 = accel.fp32_flops or 0.0
+    """Peak FLOP/s (derated by the sustained clock) and tensor-core flag per (dtype code, conv)
+    -> arrays indexed [dtype, conv] (codes: optable.DTYPES; 4 = FP8), each the catalog's
+    per-dtype rate (Accelerator.rate)."""
     peak = np.zeros((5, 2))
     tensor = np.zeros((5, 2), dtype=bool)
     for conv in (0, 1):
+        # fp32 convolutions run in TF32 where cuDNN may (allow_tf32), matmuls only under tf32
         use_tf32 = precision.compute == "tf32" or (conv and precision.compute == "fp32")
-        if tpu:
-            peak[0, conv], tensor[0, conv] = fp32, True
-        elif use_tf32 and "tf32" in tc and accel.tf32_flops:
-            peak[0, conv], tensor[0, conv] = accel.tf32_flops, True
-        else:
-            peak[0, conv] = fp32
-        if "fp16" in tc and accel.fp16_tensor_flops:
-            peak[1, conv], tensor[1, conv] = accel.fp16_tensor_flops, True
-        elif tpu:
-            peak[1, conv], tensor[1, conv] = accel.bf16_flops or fp32, True
-        else:
-            peak[1, conv] = fp32      # fp32 accumulation: the FP32 FMA rate (peak_flops)
-        if accel.supports_bf16 and accel.bf16_flops:
-            peak[2, conv], tensor[2, conv] = accel.bf16_flops, ("bf16" in tc) or tpu
-        else:
-            peak[2, conv] = fp32
-        peak[3, conv] = fp32
+        for code, dtype in enumerate(("tf32" if use_tf32 else "fp32", "fp16", "bf16")):
+            peak[code, conv], tensor[code, conv] = accel.rate(dtype)
+        peak[3, conv] = accel.fp32_flops or 0.0      # integer and other dtypes: CUDA cores
         # FP8 GEMMs (aten._scaled_mm, trace/fp8.py): the catalog's dense FP8 peak
-        fp8 = accel.fp8_flops or 0.0
-        peak[4, conv], tensor[4, conv] = (fp8, True) if fp8 else (fp32, False)
+        peak[4, conv], tensor[4, conv] = accel.rate("fp8")
     return peak * accel.sustained_clock_fraction, tensor
 
 
@@ -133,7 +95,7 @@ _NORM_OPS = ("batch_norm", "layer_norm", "group_norm", "rms_norm", "softmax", "_
 
 def kernel_classes(table: OpTable) -> np.ndarray:
     """Per unique op, its kernel class (memoised on the table)."""
-    cached = getattr(table, "_kclass", None)
+    cached = table.memo.kernel_classes
     if cached is not None and len(cached) == len(table.flops):
         return cached
     names = {n: (K_NORM if any(k in n for k in _NORM_OPS) else K_OTHER) for n in set(table.name)}
@@ -142,11 +104,11 @@ def kernel_classes(table: OpTable) -> np.ndarray:
                                                                   K_DWCONV, K_CONV), K_MATMUL), k)
     k = np.where(table.family == 1, K_ATTN, k)
     k = np.where(table.phase == OPTIMIZER, K_OPTIM, k)
-    table._kclass = k
+    table.memo.kernel_classes = k
     return k
 
 
-def matmul_ceiling(accel, p: dict) -> float:
+def matmul_ceiling(accel, p: TimeParams) -> float:
     """Best achievable fraction of the dense tensor peak for a matmul on this accelerator.
 
     Measured, not fitted, where a source has the device (efficiency.json `matmul_ceiling`, sources
@@ -158,26 +120,25 @@ def matmul_ceiling(accel, p: dict) -> float:
     median measured ceiling. Tensor-core convolutions reach `conv_rel` of it (cuDNN's implicit
     GEMM against cuBLAS, fitted).
     """
-    return float(p.get("matmul_ceiling", {}).get(accel.id, p["tc_emax"]))
+    return p.ceiling(accel.id)
 
 
-def conv_generation(accel, p: dict) -> float:
+def conv_generation(accel, p: TimeParams) -> float:
     """cuDNN's tensor-core convolutions on Hopper against their share of the peak on earlier
     GPUs (`conv_hopper`, fitted on our H100 runs; checked on the H200's): Hopper's peak needs
     its warpgroup MMA instructions, which cuBLAS's GEMMs use (the measured matmul ceiling) and
     kernels written for Ampere's mma.sync do not -- FlashAttention-2 reaches 0.53 of its
     Ampere fraction there (attention_emax). 1 elsewhere."""
-    return float(p.get("conv_hopper", 1.0)) if str(accel.compute_capability) == "9.0" else 1.0
+    return float(p.conv_hopper) if str(accel.compute_capability) == "9.0" else 1.0
 
 
-def attention_emax(accel, p: dict) -> float:
+def attention_emax(accel, p: TimeParams) -> float:
     """Fused attention's ceiling (fraction of the dense peak): `attn_emax` (fitted) times the
     generation's measured ratio (efficiency.json `attn_generation`): FlashAttention-2, PyTorch's
     flash SDPA kernel, reaches 50-73% of the A100's peak (Dao 2023, arXiv:2307.08691) but "only
     35% utilization on H100" (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608): it does not
     use Hopper's wgmma and TMA, so sm90 runs it at 0.35 / 0.615 of Ampere's fraction."""
-    return float(p["attn_emax"] * p.get("attn_generation", {}).get(
-        str(accel.compute_capability), 1.0))
+    return float(p.attn_emax * p.attn_generation.get(str(accel.compute_capability), 1.0))
 
 
 @dataclass
@@ -204,7 +165,7 @@ class _Static:
 
 
 def _static(table: OpTable, accel, precision: Precision) -> _Static:
-    memo = table.__dict__.setdefault("_static", {})
+    memo = table.memo.static
     key = (accel.id, precision.name)
     if key in memo:
         return memo[key]
@@ -248,7 +209,8 @@ def _static(table: OpTable, accel, precision: Precision) -> _Static:
     return memo[key]
 
 
-def op_times(table: OpTable, accel, precision: Precision, p: dict) -> tuple[np.ndarray, np.ndarray]:
+def op_times(table: OpTable, accel, precision: Precision, p: TimeParams
+             ) -> tuple[np.ndarray, np.ndarray]:
     """Per unique op: (device time s, is_compute_bound). Vectorised over the op table.
 
         t_compute = GEMMs tiled over the SMs (kernels.gemm_seconds) at peak x ceiling; fused
@@ -273,40 +235,40 @@ def op_times(table: OpTable, accel, precision: Precision, p: dict) -> tuple[np.n
     st = _static(table, accel, precision)
     k = st.classes
     gc = st.conv_groups
-    conv_eff = np.where(gc > 0, p.get("conv_rel", 1.0) * gc / (gc + p.get("gconv_half", 0.0))
+    conv_eff = np.where(gc > 0, p.conv_rel * gc / (gc + p.gconv_half)
                         * conv_generation(accel, p), 1.0)
     e_max = np.where(st.tensor, matmul_ceiling(accel, p) * conv_eff,
-                     np.where(k == K_DWCONV, p["dwconv_emax"], p["cuda_emax"]))
+                     np.where(k == K_DWCONV, p.dwconv_emax, p.cuda_emax))
     rate = st.peak * e_max
-    bw = accel.memory_bandwidth_bytes_per_s * p["bw_eff"]
+    bw = accel.memory_bandwidth_bytes_per_s * p.bw_eff
     f = table.flops
     with np.errstate(divide="ignore", invalid="ignore"):
         t_c = np.where(f > 0, f / rate, 0.0)
     if len(st.gemm_owner):
         if st.gemm_grid is not None:
             secs = kernels.gemm_seconds(st.gemm_grid, rate[st.gemm_owner], st.sms,
-                                        p["tile_s"], p["tile_h_half"], bw)
+                                        p.tile_s, p.tile_h_half, bw)
         else:
             d = st.gemm_dims
-            secs = 2.0 * d.prod(axis=1) / rate[st.gemm_owner] + p["tile_s"]
+            secs = 2.0 * d.prod(axis=1) / rate[st.gemm_owner] + p.tile_s
         t_c[st.gemm_owner] = 0.0
         np.add.at(t_c, st.gemm_owner, secs)
     if len(st.square):
-        t_c[st.square] = f[st.square] / rate[st.square] + p["tile_s"]
+        t_c[st.square] = f[st.square] / rate[st.square] + p.tile_s
     if len(st.attn):
         # FlashAttention-2's throughput by head dimension (against 128) and by the keys a work
         # item walks (its fixed part: loading the query block, writing the output), both read
         # off its published curves (efficiency.json `attn_head_dim_half`, `attn_seq_half`)
-        d_half, s_half = p.get("attn_head_dim_half", 0.0), p.get("attn_seq_half", 0.0)
+        d_half, s_half = p.attn_head_dim_half, p.attn_seq_half
         eff = (st.attn_head_dim / (st.attn_head_dim + d_half)) / (128 / (128 + d_half)) \
             * st.attn_keys / (st.attn_keys + s_half)
         t_c[st.attn] = f[st.attn] / (st.peak[st.attn] * attention_emax(accel, p) * eff) * \
             st.attn_waves
-    t_m = table.bytes / np.where(k == K_NORM, accel.memory_bandwidth_bytes_per_s * p.get(
-        "norm_bw_eff", p["bw_eff"]), bw)
+    t_m = table.bytes / np.where(k == K_NORM, accel.memory_bandwidth_bytes_per_s
+                                 * p.norm_bandwidth, bw)
     if not table.meta.get("channels_last", True):
-        t_m = t_m * np.where(gc > 0, 1.0 + p.get("nchw_passes", 0.0), 1.0)
-    return np.maximum(t_c, t_m) + p.get("kernel_s", 0.0) * st.launches, t_c >= t_m
+        t_m = t_m * np.where(gc > 0, 1.0 + p.nchw_passes, 1.0)
+    return np.maximum(t_c, t_m) + p.kernel_s * st.launches, t_c >= t_m
 
 
 @dataclass
@@ -356,7 +318,7 @@ def input_pipeline(job, n_devices: int, accel,
     return InputPipeline(loaders, workers, rate * max(1, workers), samples, notes)
 
 
-def estimate_step_time(trace, accel, job, calibration: dict | None = None,
+def estimate_step_time(trace, accel, job, calibration: TimeParams | None = None,
                        cpu_cores: int | None = None, host_speed: float = 1.0) -> StepTime:
     """Seconds per optimizer step of `job` on `accel` (per device trace, `job.gpus` units).
 
@@ -366,7 +328,7 @@ def estimate_step_time(trace, accel, job, calibration: dict | None = None,
     host parameters were measured on (platforms' host CPUs: data/host_cpus.csv).
     `cpu_cores` (the platform's) caps DataLoader workers.
     """
-    p = calibration or load_efficiency()
+    p = calibration or bundled()
     table = summarize(trace)
     meta = table.meta
     n = max(1, int(job.gpus)) * max(1, int(accel.devices_per_unit))
@@ -385,7 +347,7 @@ def estimate_step_time(trace, accel, job, calibration: dict | None = None,
     if job.precision.loss_scaling:
         # GradScaler.unscale_: one foreach pass reads and writes every gradient
         # (_amp_foreach_non_finite_check_and_unscale_), bandwidth-bound
-        opt += 2 * meta["gradient_bytes"] / (accel.memory_bandwidth_bytes_per_s * p["bw_eff"])
+        opt += 2 * meta["gradient_bytes"] / (accel.memory_bandwidth_bytes_per_s * p.bw_eff)
     if job.strategy.shards_optimizer and n > 1:
         opt /= n                                            # each rank updates its shard
     host_exposed = q.exposed_host_s
@@ -421,7 +383,7 @@ def _mfu_peak(accel, precision: Precision, table: OpTable) -> float | None:
     convolutions run in TF32), the highest rate used is the denominator, so MFU <= 1 always.
     Memoised on the table.
     """
-    memo = table.__dict__.setdefault("_mfu_peak", {})
+    memo = table.memo.mfu_peak
     key = (accel.id, precision.name)
     if key not in memo:
         memo[key] = _peak_used(accel, precision, table)

@@ -8,7 +8,7 @@ import re
 
 from rich.markup import escape
 
-from ..units import fmt_bytes, fmt_count, fmt_seconds, fmt_usd
+from ..units import fmt_bandwidth, fmt_bytes, fmt_count, fmt_seconds, fmt_usd
 from .console import Col, console, fit_table
 
 BUILT = re.compile(r"builds to (\d+)")
@@ -37,7 +37,7 @@ def accelerators_markdown(rows) -> str:
         fp8 = f"{a.fp8_flops / 1e12:,.1f}" if a.fp8_flops else "-"
         lines.append(f"| {a.id} | {a.name} | {a.backend} | {a.devices_per_unit} | "
                      f"{fmt_bytes(a.usable_memory_bytes)} | "
-                     f"{a.memory_bandwidth_bytes_per_s / 1e9:,.0f} GB/s | {half / 1e12:,.1f} | "
+                     f"{fmt_bandwidth(a.memory_bandwidth_bytes_per_s)} | {half / 1e12:,.1f} | "
                      f"{fp8} | {a.as_of} | {' '.join(a.sources)} |")
     return "\n".join(lines)
 
@@ -63,7 +63,7 @@ def print_catalog(what: str, fmt: str, platforms_file: str | None = None) -> Non
             half = max(a.peak_flops("fp16"), a.peak_flops("bf16"))
             body.append([escape(a.id), escape(a.name), str(a.devices_per_unit),
                          fmt_bytes(a.usable_memory_bytes),
-                         f"{a.memory_bandwidth_bytes_per_s / 1e9:,.0f} GB/s",
+                         fmt_bandwidth(a.memory_bandwidth_bytes_per_s),
                          f"{half / 1e12:,.1f}", "yes" if a.supports_bf16 else "no",
                          "yes" if a.flash_attention_2 else "no", escape(a.backend),
                          escape(str(a.as_of)), escape(" ".join(a.sources))])

@@ -4,7 +4,8 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from ..plan.verdict import FITS, NO_FIT, band_text, estimate_verdict
+from ..plan.verdict import band_text, estimate_verdict
+from ..predict.memory import FITS, NO_FIT
 from ..units import (fmt_bytes, fmt_count, fmt_int, fmt_note, fmt_phases, fmt_rate, fmt_seconds,
                      key_label)
 from .console import console
@@ -24,7 +25,7 @@ def estimate_text(est) -> None:
     c = console()
     m, t, tr, job = est.memory, est.time, est.trace, est.job
     word, why = estimate_verdict(est)
-    colour = {FITS: "green", NO_FIT: "red"}.get(word, "yellow")
+    colour = {FITS.upper(): "green", NO_FIT.upper(): "red"}.get(word, "yellow")
     verdict = f"[{colour}]{escape(word)}[/{colour}]" + (f" ({escape(why)})" if why else "")
     c.print(f"[bold]{escape(tr.model)}[/bold] on {job.gpus} x {est.accel.id} ({job.strategy.label}), "
             f"micro-batch {fmt_int(job.batch_size)}" + (f" x {fmt_int(tr.seq_len)} tokens" if tr.seq_len else "")

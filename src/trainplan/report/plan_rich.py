@@ -80,11 +80,11 @@ def _items(lines: list[tuple[str, str]], indent: int = 2) -> Table:
     return g
 
 
-def _info_findings(p: dict) -> list[tuple[str, str]]:
+def _info_findings(platform: dict) -> list[tuple[str, str]]:
     """The information-level findings (precision substitutions and the like), which the
     checklist does not carry, as compact lines."""
     return [(MARK["info"], escape(f["message"] + (f" -> {f['fix']}" if f.get("fix") else "")))
-            for f in p.get("findings", []) if f["severity"] == "info"]
+            for f in platform.get("findings", []) if f["severity"] == "info"]
 
 
 def _headline(doc: dict) -> Panel:

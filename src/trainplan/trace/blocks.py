@@ -1,5 +1,5 @@
-"""Which block of a cut stack (trace/depth.py) each allocation and free of a traced step happens
-in, so that predict/depth.py can replay the caching allocator over the whole stack.
+"""Which block of a cut stack (trace/stack.py) each allocation and free of a traced step happens
+in, so that derive/repeat.py can replay the caching allocator over the whole stack.
 
 A model cut to a few alike blocks runs, block after block, the same allocations: in the forward
 block 0, 1, 2, 3 in turn; in the backward 3, 2, 1, 0; in the optimizer, one list entry per
@@ -15,7 +15,7 @@ parameter, the blocks' in model order. The counter (counters.py) tags every even
   block's output replaces it, is the next block's (counters.py `no_grad_stack`).
 
 Ops are tagged alike: the share of each op's work that is the last block's (counters.py
-`OpRecord.last_block`), what one more block adds (predict/depth.py `extend`, `whole_forward`).
+`OpRecord.last_block`), what one more block adds (derive/stitch.py `extend`, `whole_forward`).
 """
 from __future__ import annotations
 

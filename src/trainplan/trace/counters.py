@@ -2,146 +2,37 @@
 
 `StepCounter` is a `TorchDispatchMode` stacked on FakeTensorMode. For every aten op it records:
 
-* FLOPs from PyTorch's own formulas (`torch.utils.flop_counter.flop_registry`); attention kernels
-  are counted as the kernel computes them: a causal FlashAttention / memory-efficient kernel skips
-  the key blocks above the diagonal, so of n = ceil(s/B) blocks per row it computes n(n+1)/2 of
-  n^2 (block B = 128 for flash, 64 for the cutlass kernel); MoE grouped GEMMs (`_grouped_mm`,
-  which PyTorch has no formula for) as 2 x routed rows x in x out (trace/moe.py), and run as
-  CUDA runs them for fp32/fp16 operands, which PyTorch's meta kernel refuses;
-* bytes read and written (inputs + outputs of ops that launch a kernel; views launch none);
+* an `OpRecord` (ops.py): its family, FLOPs (`op_flops`), bytes read and written (inputs +
+  outputs of ops that launch a kernel; views launch none), the kernel's shape (shapes.py), the
+  module running, and the kernel-less ops the host dispatched before it; MoE grouped GEMMs run as
+  CUDA runs them for fp32/fp16 operands, which PyTorch's meta kernel refuses (trace/moe.py);
 * live memory: every new output storage is added, rounded up to the CUDA caching allocator's
   512-byte granularity, and removed by a `weakref.finalize` on the storage when PyTorch frees it.
   Each storage carries a category (weights, gradients, optimizer_states, activations,
   weight_casts, temporaries) so the peak can be split into named terms; the categories at the
-  peak are snapshotted whenever a new peak is reached.
+  peak are snapshotted whenever a new peak is reached. Every allocation, free and change of
+  category is logged (log.py), so that the peaks can be replayed for other sizes;
 * the innermost module running (forward or backward) via `torch.utils.module_tracker`.
 """
 from __future__ import annotations
 
 import functools
-import math
 import weakref
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry
 
 from . import moe
-from .shapes import ATTENTION, kernel_shape
-
-aten = torch.ops.aten
+from .log import Alloc, Event, Free, GradientMade, Mark, Reset, Retag
+from .ops import VIEW_OPS, OpRecord, _group_channels, op_family, op_flops
+from .shapes import kernel_shape
 
 ALLOC_ROUND = 512  # CUDA caching allocator rounds every block up to 512 bytes
-
-CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "weight_casts",
-              "temporaries")
-ALLOC, FREE, RETAG, RESET = "alloc", "free", "retag", "reset"     # memory_log entry kinds
-
-
-def phase_peaks_from_log(log: list[tuple], sizes: dict[int, int] | None = None
-                         ) -> dict[str, tuple[int, dict[str, int]]]:
-    """Each phase's peak live bytes and their split by category (`replay_log`)."""
-    return replay_log(log, sizes)[0]
-
-
-def replay_log(log: list[tuple], sizes: dict[int, int] | None = None, timeline: bool = False
-               ) -> tuple[dict[str, tuple[int, dict[str, int]]], tuple, list | None]:
-    """Replay a counter's `memory_log` exactly as `StepCounter` computes its peaks (a new peak
-    is checked at every allocation, in the phase current then): (each phase's peak live bytes
-    and their split by category, the step's peak as (bytes, phase, by category), and with
-    `timeline` the live total after each entry). `sizes` (serial -> bytes) replaces the logged
-    allocation sizes: the same step at another micro-batch (predict/interpolate.py)."""
-    live, by_cat, held = 0, dict.fromkeys(CATEGORIES, 0), {}
-    peaks: dict[str, tuple[int, dict[str, int]]] = {}
-    peak, phase_now = (0, "setup", dict(by_cat)), "setup"
-    line: list[tuple[str, int]] | None = [] if timeline else None
-    for entry in log:
-        kind = entry[0]
-        if kind == ALLOC:
-            _, serial, nbytes, cat, phase_now = entry
-            nbytes = sizes.get(serial, nbytes) if sizes is not None else nbytes
-            held[serial] = [nbytes, cat]
-            live += nbytes
-            by_cat[cat] = by_cat.get(cat, 0) + nbytes
-            if live > peak[0]:
-                peak = (live, phase_now, dict(by_cat))
-            if live > peaks.get(phase_now, (-1,))[0]:
-                peaks[phase_now] = (live, dict(by_cat))
-        elif kind == FREE:
-            nbytes, cat = held.pop(entry[1])
-            live -= nbytes
-            by_cat[cat] -= nbytes
-        elif kind == RETAG:
-            rec = held.get(entry[1])
-            if rec is not None:
-                by_cat[rec[1]] -= rec[0]
-                by_cat[entry[2]] = by_cat.get(entry[2], 0) + rec[0]
-                rec[1] = entry[2]
-        else:                                   # RESET: the real step starts its peaks anew
-            peaks.clear()
-            peak = (live, phase_now, dict(by_cat))
-        if line is not None:
-            line.append((phase_now, live))
-
-    def whole(cats: dict) -> dict[str, int]:
-        return {c: int(cats.get(c, 0)) for c in CATEGORIES}
-    return ({k: (v[0], whole(v[1])) for k, v in peaks.items()}, (peak[0], peak[1], whole(peak[2])),
-            line)
-
-MATMUL_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution,
-              aten.convolution_backward, aten._convolution, aten.addbmm, aten.mv, aten.dot,
-              aten._grouped_mm, aten._scaled_mm}     # _scaled_mm: FP8 GEMMs (trace/fp8.py)
-ATTENTION_OPS = ATTENTION      # SDPA's backends' kernels, forward and backward (shapes.py)
-_FLASH = {aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward}
-# ops that launch no kernel (views, aliases, metadata queries, profiler markers): no bytes moved
-VIEW_OPS = {
-    aten.view, aten._unsafe_view, aten.t, aten.transpose, aten.permute, aten.expand,
-    aten.slice, aten.select, aten.unsqueeze, aten.squeeze, aten.as_strided, aten.detach,
-    aten.alias, aten.split, aten.split_with_sizes, aten.unbind, aten._reshape_alias,
-    aten.view_as_real, aten.view_as_complex, aten.unfold, aten.diagonal, aten.chunk,
-    aten.lift_fresh, aten.narrow, aten.expand_as, aten.view_as, aten.movedim, aten.numpy_T,
-    aten._local_scalar_dense, aten.sym_size, aten.sym_stride, aten.sym_numel, aten.is_same_size,
-    aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided,
-    torch.ops.prim.device, aten.dim, aten.size, aten.stride, aten.is_contiguous, aten.numel,
-    aten.is_nonzero, torch.ops.profiler._record_function_enter_new,
-    torch.ops.profiler._record_function_exit,
-}
-
-def op_family(packet) -> str:
-    if packet in MATMUL_OPS:
-        return "matmul"
-    if packet in ATTENTION_OPS:
-        return "attention"
-    return "other"
-
-
-@dataclass
-class OpRecord:
-    """One aten op of the traced step, the unit the time model works on."""
-
-    name: str
-    family: str          # matmul | attention | other
-    phase: str           # forward | backward | optimizer
-    flops: float
-    bytes: float         # read + written
-    dtype: str           # dtype of the first floating input (what the kernel computes in)
-    module: str
-    recompute: bool = False
-    group_channels: int = 0   # convolutions: input channels per group (1 = depthwise)
-    # a cut trace's (trace/blocks.py): the share of the op's work that is the last block's, what
-    # one more block adds to it (predict/depth.py `extend`): 1 for an op the block runs, for a
-    # multi-tensor optimizer op the block's tensors' share of its bytes, else 0
-    last_block: float = 0.0
-    # the dimensions the kernel computes over (trace/shapes.py): GEMMs, attention, list lengths
-    shape: tuple = ()
-    # ops the host dispatched since the op before that launch no kernel (views, metadata
-    # queries): CPU time the host spends before it can issue this one (predict/host.py)
-    host_ops: int = 0
 
 
 @dataclass
@@ -163,12 +54,6 @@ class _Storage:
 
 def _round(n: int) -> int:
     return ((n + ALLOC_ROUND - 1) // ALLOC_ROUND) * ALLOC_ROUND if n else 0
-
-
-def _causal_fraction(s_q: int, s_k: int, block: int) -> float:
-    """Fraction of the s_q x s_k score blocks a causal tiled kernel computes: n(n+1)/2 / n^2."""
-    n = max(1, math.ceil(max(s_q, s_k) / block))
-    return (n * (n + 1) / 2) / (n * n)
 
 
 # Ops that only answer a question about a tensor. The optimizers ask each parameter's device and
@@ -230,10 +115,10 @@ class StepCounter(TorchDispatchMode):
         self.by_cat = defaultdict(int)
         self.peak_by_cat: dict[str, int] = {}
         self.timeline: list[tuple[str, int]] = []   # (phase, live bytes) after each op
-        self.events: list[tuple[int, int]] = []     # (serial, +bytes) alloc / (serial, -bytes) free
+        self.events: list[Event] = []               # log.py: allocations and frees in order
         # what `phase_peaks` is computed from, in order, so that it can be recomputed for other
-        # allocation sizes (predict/interpolate.py): see `phase_peaks_from_log`
-        self.memory_log: list[tuple] = []
+        # allocation sizes (derive/interpolate.py): log.py `replay_log`
+        self.memory_log: list = []
         self.phase_peaks: dict[str, tuple[int, dict[str, int]]] = {}
         self.storages: dict[int, _Storage] = {}
         self.modules: dict[str, ModuleStats] = defaultdict(ModuleStats)
@@ -244,7 +129,7 @@ class StepCounter(TorchDispatchMode):
         self._parents_key = None
         self._parents_name = ""
         # each event's block of the cut stack (trace/blocks.py sets `block`; -1: none): what
-        # predict/depth.py repeats to replay the allocator over the whole stack
+        # derive/repeat.py repeats to replay the allocator over the whole stack
         self.tag_blocks = False
         self.last_block = -1        # the cut stack's last block (trace/blocks.py sets it)
         self.last_block_live: dict[str, int] = {}   # tracer.py `_last_block`
@@ -253,8 +138,8 @@ class StepCounter(TorchDispatchMode):
         # between blocks, when the next block's output replaces it, so that free is the next's
         self.no_grad_stack = False
         self.event_blocks: list[int] = []
-        self.marks: list[tuple[int, int]] = []    # tracer.py `_mark`, `_gradient_made`
-        self.gradients_made: list[tuple] = []
+        self.marks: list[Mark] = []               # tracer.py `_mark`, `_gradient_made`
+        self.gradients_made: list[GradientMade] = []
 
     # -- storage bookkeeping --------------------------------------------------------------
     def _module(self) -> str:
@@ -289,9 +174,9 @@ class StepCounter(TorchDispatchMode):
         self.storages[key] = rec
         self.live += nbytes
         self.by_cat[rec.category] += nbytes
-        self.events.append((rec.serial, nbytes))
+        self.events.append(Event(rec.serial, nbytes))
         self._tagged(rec.block, rec)
-        self.memory_log.append((ALLOC, rec.serial, nbytes, rec.category, self.phase))
+        self.memory_log.append(Alloc(rec.serial, nbytes, rec.category, self.phase))
         weakref.finalize(st, self._free, key)
         if self.live > self.peak:
             self.peak = self.live
@@ -316,7 +201,7 @@ class StepCounter(TorchDispatchMode):
     def reset_peak(self) -> None:
         self.peak, self.peak_phase, self.peak_by_cat = self.live, self.phase, dict(self.by_cat)
         self.phase_peaks.clear()
-        self.memory_log.append((RESET,))
+        self.memory_log.append(Reset())
 
     def _free(self, key: int) -> None:
         rec = self.storages.pop(key, None)
@@ -324,12 +209,12 @@ class StepCounter(TorchDispatchMode):
             return
         self.live -= rec.nbytes
         self.by_cat[rec.category] -= rec.nbytes
-        self.events.append((rec.serial, -rec.nbytes))
+        self.events.append(Event(rec.serial, -rec.nbytes))
         tag = rec.block if self.phase in _BY_OWNER else self.block
         if tag == -1 and self.no_grad_stack and 0 <= rec.block < self.last_block:
             tag = rec.block + 1
         self._tagged(tag)
-        self.memory_log.append((FREE, rec.serial))
+        self.memory_log.append(Free(rec.serial))
 
     def retag(self, t: torch.Tensor, category: str) -> None:
         rec = self.storages.get(t.untyped_storage()._cdata)
@@ -338,7 +223,7 @@ class StepCounter(TorchDispatchMode):
         self.by_cat[rec.category] -= rec.nbytes
         self.by_cat[category] += rec.nbytes
         rec.category = category
-        self.memory_log.append((RETAG, rec.serial, category))
+        self.memory_log.append(Retag(rec.serial, category))
 
     def _last_share(self, *groups) -> float:
         """The last block's tensors' share of the bytes an op reads and writes (`OpRecord`)."""
@@ -364,31 +249,6 @@ class StepCounter(TorchDispatchMode):
         return out
 
     # -- per-op accounting ----------------------------------------------------------------
-    def _flops(self, func, args, kwargs, out) -> float:
-        packet = func._overloadpacket
-        if packet is aten.convolution_backward:
-            return _conv_backward_flops(args)
-        if packet is aten._grouped_mm:  # no formula in flop_registry: MoE experts (trace/moe.py)
-            return moe.grouped_mm_flops(args, kwargs)
-        fn = flop_registry.get(packet)
-        if fn is None:
-            return 0.0
-        try:
-            flops = float(fn(*args, **kwargs, out_val=out))
-        except Exception:  # a formula that does not accept this overload's arguments
-            self.unknown_flop_ops.add(str(packet))
-            return 0.0
-        if packet in ATTENTION_OPS:
-            causal = _is_causal(func, args, kwargs)
-            if causal:
-                q, k = args[0], args[1]
-                if packet in (aten._scaled_dot_product_flash_attention_backward,
-                              aten._scaled_dot_product_efficient_attention_backward):
-                    q, k = args[1], args[2]
-                block = 128 if packet in _FLASH else 64
-                flops *= _causal_fraction(q.shape[-2], k.shape[-2], block)
-        return flops
-
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in METADATA_OPS:  # Python-side queries (t.device, .item()): no kernel, no memory
@@ -425,7 +285,7 @@ class StepCounter(TorchDispatchMode):
         written = _tensors(args[0]) if inplace else outs  # in place: the list is what is written
         nbytes = sum(t.numel() * t.element_size() for t in ins) + \
             sum(t.numel() * t.element_size() for t in written)
-        flops = self._flops(func, args, kwargs, out)
+        flops = op_flops(func, args, kwargs, out, self.unknown_flop_ops)
         dtype = next((str(t.dtype) for t in ins if t.is_floating_point()), "")
         mod = self._module()
         phase = self.phase
@@ -493,37 +353,6 @@ def event_blocks(counter: StepCounter) -> list[int]:
     return tags
 
 
-def _group_channels(packet, args) -> int:
-    """Input channels per group of a convolution (1 for depthwise), 0 for other ops.
-
-    Depthwise convolutions have no tensor-core path; the time model needs to know them.
-    """
-    if packet in (aten.convolution, aten._convolution):
-        x, groups = args[0], args[8]
-    elif packet is aten.convolution_backward:
-        x, groups = args[1], args[9]
-    else:
-        return 0
-    return int(x.shape[1]) // max(1, int(groups))
-
-
-def _conv_backward_flops(args) -> float:
-    """FLOPs of `convolution_backward`: each requested gradient costs one forward convolution.
-
-    grad_input is a transposed convolution of grad_output with the weight, grad_weight a
-    convolution of the input with grad_output; both do the forward's 2 N prod(out) C_out
-    (C_in / groups) prod(k) multiply-adds. torch.utils.flop_counter's formula drops `groups`
-    from grad_weight (it treats the batch as channels), which overcounts a depthwise
-    convolution's backward by a factor of C (about 1000x for ConvMixer).
-    """
-    grad_out, x, w = args[0], args[1], args[2]
-    transposed, mask = bool(args[7]), args[10]
-    spatial = (x if transposed else grad_out).shape[2:]
-    c_out, c_in_per_group, *kernel = w.shape
-    fwd = 2.0 * x.shape[0] * math.prod(spatial) * c_out * c_in_per_group * math.prod(kernel)
-    return fwd * (int(bool(mask[0])) + int(bool(mask[1])))
-
-
 def _tensors(x) -> list[torch.Tensor]:
     """Tensors in an op's arguments or outputs (flat, or one level of list/tuple nesting)."""
     if isinstance(x, torch.Tensor):
@@ -541,12 +370,3 @@ def _tensors(x) -> list[torch.Tensor]:
     return out
 
 
-def _is_causal(func, args, kwargs) -> bool:
-    schema = func._schema
-    for i, a in enumerate(schema.arguments):
-        if a.name == "is_causal":
-            if a.name in kwargs:
-                return bool(kwargs[a.name])
-            if i < len(args):
-                return bool(args[i])
-    return False

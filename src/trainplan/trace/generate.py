@@ -35,18 +35,21 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ..errors import TrainplanError
 from ..models import build_model
 from . import blocks as block_tags
-from .counters import OpRecord, StepCounter, event_blocks
-from .depth import Stack, cut
+from .counters import StepCounter, event_blocks
+from .facts import TraceDerived
+from .log import TraceLog
+from .ops import OpRecord
+from .prepare import _materialise, compute_dtype, count_parameters, prepare_model, stored_bytes
 from .semantics import KernelSemantics, TargetSemantics
-from .tracer import _materialise, _Tracker, _untraceable, compute_dtype, count_parameters, \
-    prepare_model, stored_bytes
+from .stack import Stack, cut
+from .tracer import _Tracker, _untraceable
 
 
 @dataclass
 class InferenceTrace:
     """One inference forward: `batch` sequences x `new_tokens` tokens against `context` cached.
 
-    Duck-types what predict/timing.summarize reads from a training Trace, so its op table and
+    Duck-types what predict/optable.py `summarize` reads from a training Trace, so its op table and
     op_times serve generation unchanged."""
 
     model: str
@@ -67,11 +70,10 @@ class InferenceTrace:
     notes: list[str] = field(default_factory=list)
     # traced with the stack cut (`trace_forward`'s depth): what the whole stack is read off
     stack: Stack | None = None
-    alloc_events: list[tuple[int, int]] = field(default_factory=list)
-    memory_log: list[tuple] = field(default_factory=list)
-    event_blocks: list[int] | None = None
+    log: TraceLog = field(default_factory=TraceLog)     # kept where cut: what is repeated
     last_block: dict[str, int] | None = None
-    derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    derived: TraceDerived = field(default_factory=TraceDerived, init=False, repr=False,
+                                  compare=False)
     # what summarize() reads from a training trace; an inference forward has none of these
     gradient_bytes: int = 0
     params_trainable: int = 0
@@ -142,7 +144,7 @@ def trace_forward(job, sem: KernelSemantics, batch: int, new_tokens: int,
     step at context t: new_tokens=1, context=t).
 
     `depth`: trace only the first `depth` layers of the model's stack of alike layers
-    (trace/depth.py; all where it has none); the trace's `stack` says so, and it keeps what
+    (trace/stack.py; all where it has none); the trace's `stack` says so, and it keeps what
     predict/generation.py reads the whole stack's forward off: each op's and event's layer
     (trace/blocks.py), the memory log, and the last layer's parameters and weight bytes."""
     t0 = time.perf_counter()
@@ -210,8 +212,8 @@ def trace_forward(job, sem: KernelSemantics, batch: int, new_tokens: int,
                         torch.empty((), dtype=kv_dtype).element_size(),
                         time.perf_counter() - t0, notes)
     if stack is not None:
-        tr.stack, tr.alloc_events, tr.memory_log = stack, counter.events, counter.memory_log
-        tr.event_blocks = event_blocks(counter)
+        tr.stack = stack
+        tr.log = TraceLog(counter.memory_log, counter.events, event_blocks(counter))
         tr.last_block = {"params_total": count_parameters(layers[-1])[0],
                          "weight_bytes": stored_bytes(layers[-1])}
     return tr

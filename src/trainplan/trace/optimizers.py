@@ -31,6 +31,8 @@ import math
 
 import torch
 
+from ..optimizer import Optimizer
+
 
 class Lion(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0):
@@ -127,29 +129,16 @@ class Adafactor(torch.optim.Optimizer):
                 p.add_(update.to(p.dtype), alpha=-group["lr"])
 
 
-def build_optimizer(name: str, params: list[torch.nn.Parameter],
+EMULATED = {"Adafactor": Adafactor, "Lion": Lion, "AdamW8bit": AdamW8bit,
+            "AdamW32bitFused": AdamW32bitFused}
+
+
+def build_optimizer(opt: Optimizer, params: list[torch.nn.Parameter],
                     foreach: bool = True) -> torch.optim.Optimizer:
-    """`foreach`: torch's multi-tensor kernels, its default on CUDA and ROCm; False: the
-    per-parameter loop it runs on devices without foreach kernels (MPS)."""
-    lr = 1e-4
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, foreach=foreach)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, foreach=foreach)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, foreach=foreach)
-    if name == "sgd-momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True, foreach=foreach)
-    if name == "adafactor":
-        return Adafactor(params, lr=lr)
-    if name == "lion":
-        return Lion(params, lr=lr)
-    if name in ("adamw-8bit", "paged-adamw-8bit"):
-        return AdamW8bit(params, lr=lr)
-    if name == "paged-adamw":
-        return AdamW32bitFused(params, lr=lr)
-    raise ValueError(name)
-
-
-PAGED = ("paged-adamw", "paged-adamw-8bit")     # states in unified memory (see module docstring)
-BNB = ("adamw-8bit",) + PAGED                   # bitsandbytes optimizers (CUDA-only)
+    """The job's optimizer (optimizer.py: its `builder` and `options`) over `params`. `foreach`:
+    torch's multi-tensor kernels, its default on CUDA and ROCm; False: the per-parameter loop it
+    runs on devices without foreach kernels (MPS). The emulations run as their libraries' do."""
+    lr, kw = 1e-4, dict(opt.options)
+    if opt.builder in EMULATED:
+        return EMULATED[opt.builder](params, lr=lr, **kw)
+    return getattr(torch.optim, opt.builder)(params, lr=lr, foreach=foreach, **kw)

@@ -7,7 +7,7 @@ milliseconds). Where fork is unavailable, one core is available, or `TRAINPLAN_J
 one after another in this process; results are identical either way.
 
 `trace_all` can also be given follow-ups: a trace that may turn out to be the same step as
-another one (predict/traces.py: flash and memory-efficient attention where no call can take
+another one (derive/schedule.py: flash and memory-efficient attention where no call can take
 flash). Each follow-up waits for its first trace and is made only if `policy` says so once that
 result is in; a core that would otherwise sit idle makes a follow-up whose answer is not known
 yet (as if there were no follow-ups), so the wall time is never longer than tracing both.
@@ -23,7 +23,8 @@ from typing import NamedTuple
 
 from ..errors import TrainplanError
 from .generate import trace_forward
-from .tracer import Trace, trace_step
+from .facts import Trace
+from .tracer import trace_step
 
 
 class Forward(NamedTuple):
@@ -95,7 +96,7 @@ RUN, SKIP, WAIT, IDLE = "run", "skip", "wait", "idle"
 def trace_all(requests: list[tuple], followups: list[tuple | None] | None = None,
               policy: Callable | None = None, started: Callable | None = None,
               finish: Callable | None = None) -> list:
-    """Trace each (job, KernelSemantics, batch, depth: blocks kept or None, trace/depth.py), or
+    """Trace each (job, KernelSemantics, batch, depth: blocks kept or None, trace/stack.py), or
     each `Forward`; a failure comes back as its TrainplanError.
 
     With `followups` (one request or None per request) the answer is (results, follow-up
@@ -105,7 +106,7 @@ def trace_all(requests: list[tuple], followups: list[tuple | None] | None = None
     called with every request's result as it comes in, follow-up or not.
     `started(kind, i)` is told as request ("r") or follow-up ("f") i starts. `finish(trace)`, a
     module-level function (workers receive it pickled by name), is applied to each step's trace
-    where it is made, before it is sent back (predict/depth.py `prepare`: its allocator replay,
+    where it is made, before it is sent back (derive/replays.py `prepare`: its allocator replay,
     made on all cores)."""
     followups = followups or [None] * len(requests)
     policy = policy or (lambda i, done, result: RUN)

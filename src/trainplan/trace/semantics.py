@@ -248,7 +248,7 @@ class TargetSemantics(TorchFunctionMode):
         flash_ok = attn_mask is None and q.dtype != torch.float32 and q.shape[-1] <= 256
         if backend in ("flash", "efficient") and flash_ok:
             # the only place "flash" and "efficient" semantics part: a step where no call is
-            # flash_ok runs the same ops either way (predict/traces.py shares such traces)
+            # flash_ok runs the same ops either way (derive/twins.py shares such traces)
             self.flash_eligible += 1
         takes_flash = backend == "flash" and flash_ok
         if gqa and enable_gqa and not takes_flash and not self.sem.efficient_gqa and \

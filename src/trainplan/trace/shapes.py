@@ -3,7 +3,7 @@
 The step-time model (predict/kernels.py) tiles each matrix multiply over the GPU's SMs, so it
 needs the multiply's dimensions, not only its FLOPs. Every shape is a flat tuple of ints, so
 that it is hashable (the op table de-duplicates by it) and affine in the micro-batch like every
-other size of the trace (predict/interpolate.py reads a shape at another micro-batch off two):
+other size of the trace (derive/interpolate.py reads a shape at another micro-batch off two):
 
 * GEMM-like ops (mm, addmm, bmm, baddbmm, linear's kernels, convolutions as implicit GEMMs,
   MoE grouped GEMMs): one or more GEMMs of five ints each, (batch, M, N, K, layout). A GEMM
@@ -201,7 +201,7 @@ def gemms(shape: tuple) -> list[tuple[int, int, int, int, int]]:
 
 def on_line(s0: tuple, s1: tuple, f: float) -> tuple:
     """The shape at s0 + f (s1 - s0), each dimension rounded: a kernel's shape at another
-    micro-batch or depth read off two traces (predict/interpolate.py, predict/depth.py). Every
+    micro-batch or depth read off two traces (derive/interpolate.py, derive/stitch.py). Every
     dimension is affine in the batch (a GEMM's M is batch x tokens, an attention call's B the
     batch) and a multi-tensor op's list in the depth; the others are equal in both."""
     if s0 == s1 or len(s0) != len(s1):

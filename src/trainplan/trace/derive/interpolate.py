@@ -7,7 +7,7 @@ at all. So each op's FLOPs and bytes and each allocation's size is
 x(b) = x(lo) + (b - lo) / (hi - lo) x (x(hi) - x(lo)), between the two traces or beyond the
 larger one (`extrapolate`). A phase's peak is not affine (it is the largest of the live totals,
 and which allocation reaches it can change as b grows), so it is recomputed from the allocation
-sizes by replaying the tracer's memory log (trace/counters.py, `phase_peaks_from_log`), and the
+sizes by replaying the tracer's memory log (trace/log.py, `phase_peaks_from_log`), and the
 allocator model replays the same sizes (allocator.py). The result equals a real trace at b
 (tests/test_predict_properties.py checks five kinds of model).
 
@@ -23,24 +23,24 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..trace.counters import ALLOC, phase_peaks_from_log
-from ..trace.shapes import on_line
-from ..trace.tracer import ModuleRow, Trace
+from ..facts import ModuleRow, Trace
+from ..log import Alloc, Event, TraceLog, phase_peaks_from_log
+from ..shapes import on_line
 
 
 def same_shape_family(lo: Trace, hi: Trace) -> bool:
     """True when the two traces ran the same ops and allocations in the same order."""
-    if len(lo.ops) != len(hi.ops) or len(lo.alloc_events) != len(hi.alloc_events):
+    if len(lo.ops) != len(hi.ops) or len(lo.log.events) != len(hi.log.events):
         return False
     if lo.phase_peaks.keys() != hi.phase_peaks.keys() or len(lo.modules) != len(hi.modules):
         return False
-    if len(lo.memory_log) != len(hi.memory_log):
+    if len(lo.log.memory) != len(hi.log.memory):
         return False
     for a, b in zip(lo.ops, hi.ops):
         if a.name != b.name or a.phase != b.phase or a.dtype != b.dtype or a.recompute != b.recompute:
             return False
-    return all(a[0] == b[0] and (a[1] > 0) == (b[1] > 0)
-               for a, b in zip(lo.alloc_events, hi.alloc_events))
+    return all(a.serial == b.serial and (a.nbytes > 0) == (b.nbytes > 0)
+               for a, b in zip(lo.log.events, hi.log.events))
 
 
 def _line(x0: list[float], x1: list[float], f: float) -> np.ndarray:
@@ -72,7 +72,7 @@ def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False) -
     moved = _line([o.bytes for o in lo.ops], [o.bytes for o in hi.ops], f)
     ops, made = [], {}
     for a, b, fl, by in zip(lo.ops, hi.ops, flops.tolist(), moved.tolist()):
-        r = made.get((id(a), id(b)))
+        r = made.get((id(a), id(b)))   # this call's copies, by the records they are made of:
         if r is None:      # a record repeated (a stitched trace's blocks) stays one object
             r = made[id(a), id(b)] = copy.copy(a)
             r.flops, r.bytes, r.shape = fl, by, on_line(a.shape, b.shape, f)
@@ -80,22 +80,28 @@ def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False) -
     # every allocation's size is affine in the batch (frees carry the size negated); the phase
     # peaks are recomputed from the sizes exactly as the tracer computes them, since which
     # allocation reaches a phase's peak can change as b grows
-    a0 = [e for e in lo.memory_log if e[0] == ALLOC]
-    a1 = [e[2] for e in hi.memory_log if e[0] == ALLOC]
-    k = np.rint(_line([e[2] for e in a0], a1, f)).astype(np.int64).tolist()
-    sizes = {e[1]: kk for e, kk in zip(a0, k)}          # storage serial -> bytes at `batch`
-    events = [(serial, sizes[serial] if n > 0 else -sizes[serial]) for serial, n in lo.alloc_events]
-    log = [(e[0], e[1], sizes[e[1]], *e[3:]) if e[0] == ALLOC else e for e in lo.memory_log]
+    a0 = [e for e in lo.log.memory if type(e) is Alloc]
+    a1 = [e.nbytes for e in hi.log.memory if type(e) is Alloc]
+    k = np.rint(_line([e.nbytes for e in a0], a1, f)).astype(np.int64).tolist()
+    sizes = {e.serial: kk for e, kk in zip(a0, k)}          # storage serial -> bytes at `batch`
+    events = [Event(serial, sizes[serial] if n > 0 else -sizes[serial])
+              for serial, n in lo.log.events]
+    log = [Alloc(e.serial, sizes[e.serial], e.category, e.phase) if type(e) is Alloc else e
+           for e in lo.log.memory]
     phase_peaks = phase_peaks_from_log(log)
     peak_phase = max(phase_peaks, key=lambda ph: phase_peaks[ph][0])
     modules = [ModuleRow(a.name, a.depth, a.params, a.trainable_params,
                          whole(a.activation_bytes, b.activation_bytes),
                          num(a.flops_forward, b.flops_forward), num(a.flops_backward, b.flops_backward))
                for a, b in zip(lo.modules, hi.modules)]
-    timeline = ([(p, whole(x, y)) for (p, x), (_q, y) in zip(lo.timeline, hi.timeline)]
-                if len(lo.timeline) == len(hi.timeline) else list(hi.timeline))
+    timeline = ([(p, whole(x, y)) for (p, x), (_q, y) in zip(lo.log.timeline, hi.log.timeline)]
+                if len(lo.log.timeline) == len(hi.log.timeline) else list(hi.log.timeline))
+    # the same step: what repeats where over a whole stack is hi's (repeat.py); so are its
+    # blocks, marks and gradients, at the interpolated sizes
+    tl = TraceLog(log, events, hi.log.blocks, hi.log.marks, hi.log.gradients, timeline,
+                  repeat_plan=hi.log.repeat_plan)
     return replace(
-        hi, batch_size=batch, ops=ops, alloc_events=events, phase_peaks=phase_peaks,
+        hi, batch_size=batch, ops=ops, log=tl, phase_peaks=phase_peaks,
         peak_phase=peak_phase, peak_allocated_bytes=phase_peaks[peak_phase][0],
         peak_breakdown_bytes=dict(phase_peaks[peak_phase][1]),
         flops=nested(lo.flops, hi.flops), bytes_moved=nested(lo.bytes_moved, hi.bytes_moved),
@@ -103,7 +109,7 @@ def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False) -
         activation_bytes=whole(lo.activation_bytes, hi.activation_bytes),
         weight_cast_bytes=whole(lo.weight_cast_bytes, hi.weight_cast_bytes),
         moe_dispatch_elements=whole(lo.moe_dispatch_elements, hi.moe_dispatch_elements),
-        modules=modules, timeline=timeline, memory_log=log, trace_seconds=0.0,
+        modules=modules, trace_seconds=0.0,
         notes=list(hi.notes),
         last_block=None if lo.last_block is None or hi.last_block is None else
         {k: whole(lo.last_block[k], v) for k, v in hi.last_block.items()})

@@ -5,7 +5,8 @@ Source: `sky.utils.schemas.get_task_schema()` and `get_resources_schema()` of th
 wheel on PyPI (skypilot-0.14.1-py3-none-any.whl, sky/utils/schemas.py), evaluated 2026-11-26 with
 two imports stubbed (autostop_lib's enum, the API server's daemons). skypilot itself is not a
 dependency: it pulls an API-server stack (sqlalchemy, fastapi, uvicorn, pandas...). Only tests read
-these, through `jsonschema`; nothing reads the network.
+these (tests/test_export.py), through `jsonschema`; nothing reads the network. Kept under tests/:
+the package never reads it.
 """
 # flake8: noqa
 SKYPILOT_VERSION = "0.14.1"

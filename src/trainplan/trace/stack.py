@@ -3,9 +3,10 @@
 A transformer is embeddings, then L copies of one block (same class, same parameter shapes, same
 behaviour), then a head. Every per-step quantity of such a model (each op's FLOPs and bytes, each
 phase's live memory, the parameter, gradient and optimizer-state bytes) is the head-and-embedding
-part plus L times one block's, so traces of the model cut to 2 and to 3 blocks give the whole
-model's step (predict/depth.py). A trace costs time per op, so tracing 2 + 3 blocks of Llama-3.1-70B
-instead of 80 is what makes planning a 70B job over every platform take seconds.
+part plus L times one block's, so a trace of the model cut to HIGH = 4 blocks, with what its last
+block does read off it (or a second trace cut to LOW = 3), gives the whole model's step
+(derive/stitch.py). A trace costs time per op, so tracing 4 blocks of Llama-3.1-70B instead of
+80 is what makes planning a 70B job over every platform take seconds.
 
 The stack is the `nn.ModuleList` holding the most parameters among those whose children are all
 alike: one class, the same parameter names, shapes, dtypes and trainability. A config that gives
@@ -18,21 +19,22 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
+LOW, HIGH = 3, 4       # blocks kept in the two cut traces (derive/stitch.py)
 # Cut only stacks this deep. One 4-block trace gives the whole step where one block more is read
-# off its last (predict/depth.py `extend`), and costs what 3-5 whole blocks do (warm, 2 cores,
+# off its last (derive/stitch.py `extend`), and costs what 3-5 whole blocks do (warm, 2 cores,
 # 2026-11-27, scripts/cut_cost.py, two runs: a micro-batch-2 step of GraphMER-SE, 12 blocks,
 # 0.56-0.77 s cut against 1.56-1.99 s whole; GPT-2, 12 blocks, 0.47-0.49 against 1.05-1.29 s;
 # Llama-3.2-1B, 16 blocks, 0.49-0.78 against 1.97-2.00 s), so a stack of 8 already pays. Where
 # the cut step is not read exactly (below), the model's first cut traces are wasted and its later
-# ones are made whole (predict/traces.py `_traced_whole`): BERT-base, 12 blocks, pays one 4-block
+# ones are made whole (derive/traces.py `_traced_whole`): BERT-base, 12 blocks, pays one 4-block
 # trace per plan.
 # The cut traces give every op and byte count of the full step, and the caching allocator's replay
 # over the whole stack where the cut trace's allocations repeat block by block
-# (predict/depth.py `whole_events`: the same replay as the full trace's). Where they do not (BERT:
+# (derive/repeat.py `whole_events`: the same replay as the full trace's). Where they do not (BERT:
 # an allocation between blocks), only the 4-block replay's fragmentation is known, within -2% and
 # +4% of the full replay's required memory: enough to flip a verdict within that band
 # (Qwen2.5-VL-3B, ZeRO-3 LoRA on 2 x T4: 14.88 GiB cut against 15.10 GiB whole, on a 15.00 GiB
-# T4). Below EXACT_BLOCKS such a model is traced whole (predict/traces.py); from EXACT_BLOCKS
+# T4). Below EXACT_BLOCKS such a model is traced whole (derive/traces.py); from EXACT_BLOCKS
 # (13B and up: 40-80 blocks, whose full traces made a plan take minutes) the band is accepted.
 MIN_BLOCKS = 8
 EXACT_BLOCKS = 40

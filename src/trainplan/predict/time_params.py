@@ -1,0 +1,126 @@
+"""The step-time model's parameters: one frozen value, loaded once from data/efficiency.json.
+
+Fitted by scripts/calibrate_time.py (each a physical quantity with a range it may take there):
+
+    host_scale   how much slower the fit's GPU machines issue an op than the CPU the dispatch
+                 costs were measured on (predict/host.py)
+    tile_s       a GEMM wave's fixed prologue/epilogue, seconds (predict/kernels.py)
+    tile_h_half  the tile height at which a narrow tile reaches half its efficiency (kernels.py)
+    cuda_emax    CUDA-core (non-tensor) kernels' fraction of the FP32 peak
+    dwconv_emax  depthwise convolutions' fraction of the FP32 peak (no tensor-core kernels)
+    attn_emax    fused attention's fraction of the dense peak on Ampere (timing.attention_emax)
+    conv_rel     tensor-core convolutions against the matmul ceiling (cuDNN's implicit GEMM)
+    gconv_half   channels per group at which a grouped convolution reaches half of conv_rel
+    norm_bw_eff  normalisation and softmax kernels' fraction of the bandwidth
+    kernel_s     a kernel's fixed device time (launch latency, ramp-up, tail)
+    nchw_passes  extra passes over the bytes that NCHW tensor-core convolutions pay (transposes)
+    conv_hopper  cuDNN's convolutions on Hopper against their share of the peak elsewhere
+
+Measured, not fitted (their sources in efficiency.json `provenance`): `bw_eff` (STREAM's fraction
+of the spec bandwidth), `tc_emax` (the median measured matmul ceiling, for a device without its
+own), `matmul_ceiling` (per accelerator id), `attn_generation` (fused attention's fraction by
+compute capability against Ampere's), `attn_head_dim_half` and `attn_seq_half`
+(FlashAttention-2's published curves), `cuda_launch_s` and `host_dispatch` (PyTorch's dispatch
+cost per path, scripts/host_dispatch.py).
+
+A missing optional value takes the neutral default below (what the model computes without it:
+no convolution penalty, no per-kernel time); the calibration script builds a `TimeParams` from
+its vector of fitted values and the measured constants (`TimeParams.of`).
+"""
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field, fields
+from importlib import resources
+
+FITTED = ("host_scale", "tile_s", "tile_h_half", "cuda_emax", "dwconv_emax", "attn_emax",
+          "conv_rel", "gconv_half", "norm_bw_eff", "kernel_s", "nchw_passes", "conv_hopper")
+
+
+@dataclass(frozen=True)
+class HostDispatch:
+    """PyTorch's dispatch cost per op by path, seconds (predict/host.py)."""
+
+    forward_op_s: float
+    backward_op_s: float
+    inference_op_s: float
+    view_s: float
+
+
+@dataclass(frozen=True, eq=False)
+class TimeParams:
+    """The time model's parameters (module docstring). Equal only to itself: two fits are two
+    values even where their numbers agree."""
+
+    host_scale: float
+    tile_s: float
+    tile_h_half: float
+    cuda_emax: float
+    dwconv_emax: float
+    attn_emax: float
+    bw_eff: float
+    tc_emax: float
+    host_dispatch: HostDispatch
+    conv_rel: float = 1.0
+    gconv_half: float = 0.0
+    norm_bw_eff: float | None = None        # None: bw_eff
+    kernel_s: float = 0.0
+    nchw_passes: float = 0.0
+    conv_hopper: float = 1.0
+    attn_head_dim_half: float = 0.0
+    attn_seq_half: float = 0.0
+    cuda_launch_s: float = 0.0
+    matmul_ceiling: dict[str, float] = field(default_factory=dict)   # accelerator id -> fraction
+    attn_generation: dict[str, float] = field(default_factory=dict)  # compute capability -> ratio
+
+    @property
+    def norm_bandwidth(self) -> float:
+        """Normalisation kernels' fraction of the bandwidth (`norm_bw_eff`, else `bw_eff`)."""
+        return self.bw_eff if self.norm_bw_eff is None else self.norm_bw_eff
+
+    def ceiling(self, accel_id: str) -> float:
+        """The measured best-shape matmul fraction of the peak on this accelerator, else the
+        median measured one (`tc_emax`)."""
+        return float(self.matmul_ceiling.get(accel_id, self.tc_emax))
+
+    def fitted(self) -> dict[str, float]:
+        """The fitted values by name (FITTED), as efficiency.json `params` writes them."""
+        return {k: getattr(self, k) for k in FITTED}
+
+    @classmethod
+    def of(cls, values: dict) -> "TimeParams":
+        """From efficiency.json's layout: `params` (fitted and measured scalars), with
+        `matmul_ceiling`, `attn_generation` and `host_dispatch` beside them; names the type does
+        not have are an error, not ignored."""
+        known = {f.name for f in fields(cls)}
+        extra = set(values) - known
+        if extra:
+            raise ValueError(f"unknown time-model parameters: {', '.join(sorted(extra))}")
+        kw = dict(values)
+        hd = kw["host_dispatch"]
+        kw["host_dispatch"] = hd if isinstance(hd, HostDispatch) else HostDispatch(**hd)
+        kw["matmul_ceiling"] = dict(kw.get("matmul_ceiling") or {})
+        kw["attn_generation"] = dict(kw.get("attn_generation") or {})
+        return cls(**kw)
+
+
+@functools.cache
+def efficiency_file() -> dict:
+    """data/efficiency.json as written by scripts/calibrate_time.py (with its provenance)."""
+    return json.loads(resources.files("trainplan.data").joinpath("efficiency.json").read_text())
+
+
+@functools.cache
+def bundled() -> TimeParams:
+    """The bundled fit (data/efficiency.json), loaded once."""
+    data = efficiency_file()
+    return TimeParams.of(dict(data["params"], matmul_ceiling=data.get("matmul_ceiling", {}),
+                              attn_generation=data.get("attn_generation", {}),
+                              host_dispatch=data["host_dispatch"]))
+
+
+def bundled_accuracy() -> dict | None:
+    """The bundled fit's error on sources it never saw (efficiency.json `accuracy`, written by
+    scripts/validate_time.py): leave-one-source-out median and p90 absolute error."""
+    return efficiency_file().get("accuracy")

@@ -1,0 +1,173 @@
+"""The real traces a plan reads: one per (traced job, kernel semantics, blocks kept, micro-batch),
+made once per process, kept on disk between runs (trace/store.py), or read off a twin's
+(twins.py) or off the step without gradient accumulation (accumulate.py).
+
+`TraceCache._real` is the one way a real trace is had: from this cache, from a twin's trace,
+from the disk store (its own, or its attention twin's where that is the same step), read off the
+step without accumulation, deferred to the round's parallel tracing (rounds.py), or traced now.
+Keys are values: the traced job's repr (kept per job value: planning asks for the same few jobs
+thousands of times), the semantics' key and the blocks kept.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+from collections.abc import Callable
+
+from .. import store
+from ..facts import Trace
+from ..semantics import KernelSemantics
+from ..stack import HIGH
+from ..parallel import trace_all
+from .accumulate import accumulated, derivable
+from .anchoring import describe, trace_job
+from .replays import prepare
+from .rounds import Deferred, Rounds, asked
+from .twins import Twin, as_semantics, attention_twin, hint_key, relabel, twin
+
+
+@functools.lru_cache(maxsize=4096)
+def _variant_of(job) -> str:
+    return repr(trace_job(job))
+
+
+def variant(job) -> str:
+    """The traced job (anchors.trace_job) as a key: its repr, kept per job value."""
+    try:
+        hash(job)
+    except TypeError:            # a job holding a mapping (a py: model's model_args)
+        return repr(trace_job(job))
+    return _variant_of(job)
+
+
+def trace_one(request: tuple) -> Trace:
+    """One trace (parallel.py: in a worker, forked warm, where there are workers), its replays
+    made beside it (replays.py `prepare`); a failure raised as its TrainplanError."""
+    tr = trace_all([request], finish=prepare)[0]
+    if isinstance(tr, BaseException):
+        raise tr
+    return tr
+
+
+class TraceCache(Rounds):
+    """Real traces by key (module docstring); `progress(msg)` is told about every trace made."""
+
+    asked = staticmethod(asked)
+
+    def __init__(self, progress: Callable[[str], None] | None = None):
+        self._exact: dict[tuple, Trace] = {}       # (variant, semantics, depth, batch) -> trace
+        self._batches: dict[tuple, list[int]] = {}  # (variant, semantics, depth) -> traced batches
+        self._progress = progress
+        self._failed: set[tuple] = set()            # traces a worker could not make
+        self._absent: set[tuple] = set()            # looked for in the disk store, not there
+        self.deferring: list[tuple] | None = None   # while set: missing traces, recorded
+        self._flash_hint: dict[tuple, bool] = {}    # did a trace of this model take flash?
+        self.traced = 0                             # traces made by this cache
+        self.loaded = 0                             # traces read from the disk store
+
+    def _key(self, job, sem: KernelSemantics, depth: int | None = None) -> tuple:
+        """(the traced variant, the kernel semantics, blocks kept)."""
+        return (variant(job), sem.key(), depth)
+
+    def _store(self, key: tuple, batch: int, tr: Trace, made: str | None = None) -> None:
+        """Keep `tr` as the trace at `key` + batch; `made`: "traced" (now, counted in `traced`),
+        "loaded" (from the disk store, counted in `loaded`), None (derived from another)."""
+        self._exact[key + (batch,)] = tr
+        bisect.insort(self._batches.setdefault(key, []), batch)
+        if made == "traced":
+            self.traced += 1
+        elif made == "loaded":
+            self.loaded += 1
+
+    def _load(self, key: tuple, job, sem: KernelSemantics, batch: int, depth: int | None
+              ) -> str | None:
+        """Read the trace from the disk store (trace/store.py) into the cache, if it is there;
+        its store name either way (to save it under once traced)."""
+        name = store.key(trace_job(job), sem, batch, depth)
+        tr = store.load(name)
+        if tr is not None:
+            self._store(key, batch, tr, "loaded")
+        return name
+
+    def _real(self, job, sem: KernelSemantics, batch: int, depth: int | None = None) -> Trace:
+        """The real trace of (job, sem) at `batch`, `depth` blocks kept (module docstring)."""
+        key = self._key(job, sem, depth)
+        at = key + (batch,)
+        if at in self._exact:
+            return self._exact[at]
+        step = twin(job, sem)
+        if step is not None:              # read off its twin's trace (twins.py)
+            how, tjob, tsem = step
+            base = self._real(tjob, tsem, batch, depth)
+            self._store(key, batch, relabel(base, sem) if how is Twin.RELABEL else base)
+            return self._exact[at]
+        name = self._load(key, job, sem, batch, depth)
+        shared = None if at in self._exact else self._shared(job, sem, batch, depth)
+        if shared is not None:
+            self._store(key, batch, shared)
+        if at in self._exact:
+            return self._exact[at]
+        if job.grad_accum > 1 and derivable(sem):   # read off the step without it, and
+            made = accumulated(self._real(job.with_(grad_accum=1), sem, batch, depth))
+            if made is not None:                    # kept on disk like a trace
+                store.save(name, prepare(made))
+                self._store(key, batch, made)
+                return made
+        if self.deferring is not None and at not in self._failed:
+            self.deferring.append((job, sem, batch, depth))
+            raise Deferred
+        if sem.attention == "flash" and self._hint(job, sem) is False:
+            first = self._real(job, attention_twin(sem), batch, depth)
+            if first.flash_eligible == 0:   # the same step: shared (twins.attention_twin)
+                self._store(key, batch, as_semantics(first, sem))
+                return self._exact[at]
+        if self._progress:
+            self._progress(describe(job, sem, batch))
+        tr = trace_one((trace_job(job), sem, batch, depth))
+        store.save(name, tr)
+        self._store(key, batch, tr, "traced")
+        self._learn(job, sem, tr)
+        return self._exact[at]
+
+    def _hint(self, job, sem: KernelSemantics) -> bool | None:
+        """Whether traces of this model at this precision took flash (None: none made yet); it
+        only orders tracing, never decides a result (`_shared` checks each trace)."""
+        return self._flash_hint.get(hint_key(job, sem))
+
+    def _learn(self, job, sem: KernelSemantics, tr) -> None:
+        if isinstance(tr, Trace) and sem.attention in ("flash", "efficient"):
+            self._flash_hint[hint_key(job, sem)] = tr.flash_eligible > 0
+
+    def _shared(self, job, sem: KernelSemantics, batch: int, depth: int | None) -> Trace | None:
+        """The attention twin's trace (in memory or on disk) as this one's, where it is the same
+        step; for a whole trace, the one asked cut to HIGH blocks where the built model had no
+        stack to cut (traces.py `_traced_whole`); else None."""
+        if depth is None:
+            cut = self._exact.get(self._key(job, sem, HIGH) + (batch,))
+            if cut is not None and cut.stack is None:
+                return cut
+        other = attention_twin(sem)
+        if other is None:
+            return None
+        tkey = self._key(job, other, depth)
+        if tkey + (batch,) not in self._exact:
+            self._load(tkey, job, other, batch, depth)
+        tr = self._exact.get(tkey + (batch,))
+        return as_semantics(tr, sem) if tr is not None and tr.flash_eligible == 0 else None
+
+    def _held(self, job, sem: KernelSemantics, batch: int, depth: int | None) -> bool:
+        """Whether the trace is in this cache, after reading it from the disk store or taking
+        its attention twin's where it is there: what `fill` traces only where it is not, and
+        `prefetch`, while deferring, defers only where it is not (so a memory curve, within
+        `made_only`, reads the traces an earlier run stored as the run that made them does)."""
+        key = self._key(job, sem, depth)
+        at = key + (batch,)
+        if at not in self._exact and at not in self._absent:
+            self._load(key, job, sem, batch, depth)
+            if at not in self._exact:    # not stored: not looked for again (what this process
+                self._absent.add(at)     # traces goes in _exact)
+        if at not in self._exact:
+            shared = self._shared(job, sem, batch, depth)
+            if shared is not None:
+                self._store(key, batch, shared)
+        return at in self._exact

@@ -1,0 +1,393 @@
+"""A cut trace's allocations and memory log repeated over the whole stack, block by block.
+
+A trace of the model cut to HIGH blocks (trace/stack.py) tags every allocation and free with the
+block it happened in (trace/blocks.py). Block HIGH-1, the last traced (T), is the template; block
+HIGH-2 (P) the one before it. The whole model runs blocks HIGH .. L-1 as copies of the template:
+
+* each maximal run of events in block T is matched with the run of block P beside it: before it
+  where the blocks run in ascending order (forward, a multi-tensor optimizer op's outputs), after
+  it where they run descending (backward, a list of outputs freed from its end). The two must
+  have the same sizes event by event. The copies follow the template when ascending, precede it
+  when descending;
+* each free in the template names what it frees relative to its block (`Recipe`): its own
+  block's allocation (a copy frees its own copy's), the previous block's (the copy before it),
+  or the next one's (which for block T was outside the stack: the head's; the template frees the
+  first copy's, the last copy the head's);
+* frees outside the stack of block T's allocations (the head reading the last block's output)
+  free the last copy's; an allocation of every block freed outside the stack (cyclic garbage
+  collected at a phase's end) is freed for every copy too.
+
+Block k >= HIGH's copy of the template's allocation in slot s (the template's allocations in
+order) gets serial base + (k - HIGH) x A + s, A the template's allocations and base the serial
+after the trace's last. `whole_events` gives the events (what the allocator replays:
+replays.py); `whole_log` the memory log, each copied event with its entry and the category
+changes after it. None where the events do not repeat block by block.
+"""
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+from ..log import Alloc, Event, Free, Retag, TraceLog
+from ..stack import HIGH
+
+
+class Recipe(enum.Enum):
+    """What one event of the template does, and so what each copy does."""
+
+    ALLOC = "alloc"            # an allocation: each copy allocates its own
+    FREE_OWN = "own"           # frees an allocation of its own block: each copy its own copy's
+    FREE_PREV = "prev"         # frees the previous block's: each copy the copy's before it
+    FREE_NEXT = "next"         # frees the next block's: each copy the copy's after it
+
+
+class Step(NamedTuple):
+    """One event of a template run, as copies replay it (`_recipes`)."""
+
+    kind: Recipe
+    slot: int                  # the template allocation it makes or frees
+    nbytes: int
+    serial: int                # the template's own event serial (FREE_NEXT: the head's)
+    other: int = 0             # FREE_PREV: the serial block P's counterpart allocation had
+
+
+class Plan(NamedTuple):
+    """What repeats where (module docstring), made once per log (`plan_of`)."""
+
+    runs: list[tuple[int, int, int]]           # (block tag, start, length), maximal runs
+    template: dict[int, tuple[int, int, bool]]  # template run -> (start, length, ascending)
+    relation: dict[tuple[int, int], tuple]     # (run, position) of a template free -> what
+    pos: dict[int, tuple[int, int, int]]       # serial -> (block, template run, position)
+    every: dict[int, dict]                     # outside run -> what it frees of every block
+
+
+def plan_of(log: TraceLog) -> Plan | None:
+    """The log's repeat plan, made once per log (TraceLog.repeat_plan)."""
+    if not log.repeat_plan:
+        log.repeat_plan.append(_repeat_plan(log))
+    return log.repeat_plan[0]
+
+
+def repeats(hi, blocks: int) -> bool:
+    """Whether the cut trace's events repeat block by block (`whole_events` is not None)."""
+    return blocks > HIGH and plan_of(hi.log) is not None
+
+
+def whole_events(hi, blocks: int) -> list[Event] | None:
+    """The allocation events of the whole model's step (its `blocks` blocks), from the
+    HIGH-block trace `hi`'s (module docstring), or None where they do not repeat block by
+    block."""
+    plan = plan_of(hi.log)
+    return None if plan is None or blocks <= HIGH else _emit(hi.log.events, plan, blocks)
+
+
+def _repeat_plan(log: TraceLog) -> Plan | None:
+    tags, events = log.blocks, log.events
+    T, P = HIGH - 1, HIGH - 2
+    if tags is None or len(tags) != len(events):
+        return None
+    runs = _split_turns(_runs(tags), events, T, P)
+    template: dict[int, tuple[int, int, bool]] = {}
+    counterpart: dict[int, int] = {}
+    for i, (tag, start, n) in enumerate(runs):
+        if tag != T:
+            continue
+        before = i > 0 and runs[i - 1][0] == P and runs[i - 1][2] == n
+        after = i + 1 < len(runs) and runs[i + 1][0] == P and runs[i + 1][2] == n
+        if not (before or after):
+            return None
+        c = i - 1 if before else i + 1
+        cstart = runs[c][1]
+        if any(events[start + m].nbytes != events[cstart + m].nbytes for m in range(n)):
+            return None
+        template[i], counterpart[i] = (start, n, before), c
+    pos: dict[int, tuple[int, int, int]] = {}
+    for i, c in counterpart.items():
+        for block, run in ((T, i), (P, c)):
+            start, n = runs[run][1], runs[run][2]
+            for m in range(n):
+                serial, nbytes = events[start + m]
+                if nbytes >= 0:
+                    pos[serial] = (block, i, m)
+    relation = _relations(events, runs, template, counterpart, pos)
+    if relation is None:
+        return None
+    every = {}
+    for i, (tag, start, n) in enumerate(runs):
+        if tag == -1:
+            every[i] = _freed_by_all(events, start, n, pos, T, P)
+            if every[i] is None:
+                return None
+    return Plan(runs, template, relation, pos, every)
+
+
+def _relations(events, runs, template, counterpart, pos) -> dict | None:
+    """What each free of the template frees (`Recipe`): ("same" | "prev", run, position) of the
+    allocation, or ("next", run, position, the serial block P's counterpart frees); None where a
+    free matches none of these."""
+    T, P = HIGH - 1, HIGH - 2
+    relation: dict[tuple[int, int], tuple] = {}
+    for i, (start, n, _asc) in template.items():
+        cstart = runs[counterpart[i]][1]
+        for m in range(n):
+            serial, nbytes = events[start + m]
+            if nbytes >= 0:
+                continue
+            where = pos.get(serial)
+            if where is not None and where[0] == T:
+                relation[(i, m)] = ("same",) + where[1:]
+            elif where is not None and where[0] == P:
+                relation[(i, m)] = ("prev",) + where[1:]
+            else:
+                theirs = pos.get(events[cstart + m].serial)
+                if theirs is None or theirs[0] != T or events[cstart + m].nbytes >= 0:
+                    return None
+                relation[(i, m)] = ("next",) + theirs[1:] + (serial,)
+    return relation
+
+
+def _recipes(events, plan: Plan, slot: dict) -> dict[int, list[Step]]:
+    """Each template run's events as `Step`s."""
+    real = {(i, m): events[plan.template[i][0] + m].serial for i, m in slot}
+    kinds = {"same": Recipe.FREE_OWN, "prev": Recipe.FREE_PREV, "next": Recipe.FREE_NEXT}
+    recipes = {}
+    for i, (start, n, _a) in plan.template.items():
+        recipe = []
+        for m in range(n):
+            serial, nbytes = events[start + m]
+            if nbytes >= 0:
+                recipe.append(Step(Recipe.ALLOC, slot[(i, m)], nbytes, serial))
+                continue
+            rel = plan.relation[(i, m)]
+            kind, at = kinds[rel[0]], (rel[1], rel[2])
+            if kind is Recipe.FREE_OWN:
+                recipe.append(Step(kind, slot[at], nbytes, real[at]))
+            elif kind is Recipe.FREE_PREV:
+                recipe.append(Step(kind, slot[at], nbytes, serial, real[at]))
+            else:
+                recipe.append(Step(kind, slot[at], nbytes, rel[3]))
+        recipes[i] = recipe
+    return recipes
+
+
+def _emit(events, plan: Plan, blocks: int, src: list | None = None) -> list[Event]:
+    """The whole stack's events (module docstring). `src`, if given, receives for each event
+    emitted (the index in `events` it copies, the block k >= HIGH whose copy it is or -1)."""
+    T, last = HIGH - 1, blocks - 1
+    slot, base = _slots(events, plan.template)
+    A = len(slot)
+    recipes = _recipes(events, plan, slot)
+    out: list[Event] = []
+    append = out.append
+    ALLOC, OWN, PREV = Recipe.ALLOC, Recipe.FREE_OWN, Recipe.FREE_PREV
+    for i, (tag, start, n) in enumerate(plan.runs):
+        if i in plan.template:
+            order = [T] + list(range(HIGH, blocks)) if plan.template[i][2] else \
+                list(range(last, T, -1)) + [T]
+            for k in order:
+                off = base + (k - HIGH) * A
+                if src is not None:
+                    src.extend((start + m, -1 if k == T else k) for m in range(n))
+                for kind, sl, nbytes, serial, other in recipes[i]:
+                    if k == T:      # the traced block: its own serials; its next is copy HIGH
+                        append(Event(base + sl if kind is Recipe.FREE_NEXT else serial, nbytes))
+                    elif kind is ALLOC or kind is OWN:
+                        append(Event(off + sl, nbytes))
+                    elif kind is PREV:
+                        append(Event(other if k - 1 == T else off - A + sl, nbytes))
+                    else:
+                        append(Event(serial if k == last else off + A + sl, nbytes))
+            continue
+        _emit_outside(events, plan, i, start, n, base, A, slot, blocks, out, src)
+    return out
+
+
+def _emit_outside(events, plan: Plan, i: int, start: int, n: int, base: int, A: int,
+                  slot: dict, blocks: int, out: list[Event], src: list | None) -> None:
+    """A run outside the template's: its events as traced, except frees of block T's
+    allocations: of every block's (`_freed_by_all`) for each copy too, else the last copy's."""
+    T, last = HIGH - 1, blocks - 1
+    tag = plan.runs[i][0]
+    all_blocks = plan.every.get(i, {})
+    for e in range(start, start + n):
+        serial, nbytes = events[e]
+        where = plan.pos.get(serial)
+        if nbytes >= 0 or tag != -1 or where is None or where[0] != T:
+            out.append(Event(serial, nbytes))
+            if src is not None:
+                src.append((e, -1))
+            continue
+        sl = slot[where[1:]]
+        if where[1:] in all_blocks:   # every block's, freed here: the copies' too
+            mine = [Event(base + (k - HIGH) * A + sl, nbytes) for k in range(HIGH, blocks)]
+            ks = list(range(HIGH, blocks))
+            if all_blocks[where[1:]]:
+                out += [Event(serial, nbytes)] + mine
+                ks = [-1] + ks
+            else:
+                out += mine[::-1] + [Event(serial, nbytes)]
+                ks = ks[::-1] + [-1]
+            if src is not None:
+                src.extend((e, k) for k in ks)
+        else:                         # the last block's (the head reads it): the last copy's
+            out.append(Event(base + (last - HIGH) * A + sl, nbytes))
+            if src is not None:
+                src.append((e, last))
+
+
+def _slots(events, template: dict) -> tuple[dict[tuple[int, int], int], int]:
+    """({(template run, position): slot} for the template's allocations in order, the serial
+    after the last)."""
+    slot: dict[tuple[int, int], int] = {}
+    for i, (start, n, _a) in template.items():
+        for m in range(n):
+            if events[start + m].nbytes >= 0:
+                slot[(i, m)] = len(slot)
+    return slot, max((s for s, _n in events), default=0) + 1
+
+
+def _freed_by_all(events, start: int, n: int, pos: dict, T: int, P: int
+                  ) -> dict[tuple[int, int], bool] | None:
+    """Allocations of the template's runs that a run outside the stack frees in every block
+    (cyclic garbage collected at a phase's end): {(run, position): ascending?}, where block P's
+    and block T's are both freed here; None where block P's is freed without block T's."""
+    at: dict[tuple, dict[int, int]] = {}
+    for e in range(start, start + n):
+        serial, nbytes = events[e]
+        where = pos.get(serial)
+        if nbytes < 0 and where is not None:
+            at.setdefault(where[1:], {})[where[0]] = e
+    out = {}
+    for key, blocks_at in at.items():
+        if P in blocks_at:
+            if T not in blocks_at:
+                return None
+            out[key] = blocks_at[P] < blocks_at[T]
+    return out
+
+
+def _runs(tags: list[int]) -> list[tuple[int, int, int]]:
+    """Maximal runs of equal tags: (tag, start, length)."""
+    runs, start = [], 0
+    for i in range(1, len(tags) + 1):
+        if i == len(tags) or tags[i] != tags[start]:
+            runs.append((tags[start], start, i - start))
+            start = i
+    return runs
+
+
+def _split_turns(runs, events, T: int, P: int):
+    """Split a template run where the blocks turn around (ascending, then descending: one
+    multi-tensor op's outputs, then the list freed from its end): a run of block T between two
+    runs of block P as long as both together."""
+    out = []
+    for i, (tag, start, n) in enumerate(runs):
+        if tag == T and 0 < i < len(runs) - 1 and runs[i - 1][0] == P and runs[i + 1][0] == P \
+                and runs[i - 1][2] + runs[i + 1][2] == n:
+            a = runs[i - 1][2]
+            out += [(T, start, a), (T, start + a, n - a)]
+        else:
+            out.append((tag, start, n))
+    return out
+
+
+_LOGS: dict[tuple, tuple] = {}
+
+
+def whole_log(hi, blocks: int) -> list | None:
+    """The memory log (log.py) of the step with `blocks` blocks in its stack, from the
+    HIGH-block trace `hi`'s: its events repeated as `whole_events` repeats them, each with its
+    log entry (category and phase as the template's), and the entries between events (a tensor's
+    category changed, the peaks reset) kept where they were. A category change right after an
+    event of the template's (a gradient made, a weight cast) follows each copy of it, on the
+    copy's tensor; one elsewhere of a template's tensor (the optimizer states tagged after the
+    first step) changes the copies' too; the peaks' reset after a template event (the warm-up's
+    last gradient freed) comes after its last copy. None where the events do not repeat, or a
+    change inside the template names a tensor the copies have no counterpart of.
+
+    Made once per log structure (TraceLog.structure): what is repeated where depends on the
+    order of the events, their blocks and the tensors they name, not on their sizes, and the
+    traces of one step at other micro-batches share all of that; each gets the first one's whole
+    log with its own sizes."""
+    key = (hi.log.structure, blocks)
+    hit = _LOGS.get(key)
+    if hit is None:
+        if len(_LOGS) > 64:            # it keeps each log alive: bounded
+            _LOGS.clear()
+        hit = _LOGS[key] = _whole_log(hi.log, blocks) or (None, None)
+        return hit[0]
+    log, sources = hit
+    if log is None:
+        return None
+    size = {e.serial: e.nbytes for e in hi.log.memory if type(e) is Alloc}
+    return [e if s is None else Alloc(e.serial, size[s], e.category, e.phase)
+            for e, s in zip(log, sources)]
+
+
+def _whole_log(hl: TraceLog, blocks: int) -> tuple[list, list[int | None]] | None:
+    """(`whole_log`, for each of its entries the serial in `hl` that an allocation copies,
+    else None), or None."""
+    plan = plan_of(hl)
+    if plan is None or blocks <= HIGH:
+        return None
+    src: list[tuple[int, int]] = []
+    events = _emit(hl.events, plan, blocks, src)
+    entry: list = []
+    after: dict[int, list] = {}
+    for ent in hl.memory:
+        if type(ent) is Alloc or type(ent) is Free:
+            entry.append(ent)
+        else:
+            after.setdefault(len(entry) - 1, []).append(ent)
+    if len(entry) != len(hl.events):
+        return None
+    T = HIGH - 1
+    slot, base = _slots(hl.events, plan.template)
+    A = len(slot)
+    in_template = {start + m for start, n, _a in plan.template.values() for m in range(n)}
+
+    def copy_of(serial: int, k: int) -> int | None:
+        where = plan.pos.get(serial)
+        if where is None or where[0] != T:
+            return None
+        return base + (k - HIGH) * A + slot[where[1:]]
+
+    last_at = {e: j for j, (e, _k) in enumerate(src)}
+    out: list = list(after.get(-1, ()))
+    alive: set[int] = set()
+    copied: dict[int, int] = {}          # index in `out` of an allocation -> serial it copies
+    for j, ((serial, nbytes), (e, k)) in enumerate(zip(events, src)):
+        ent = entry[e]
+        if type(ent) is Alloc:
+            copied[len(out)] = ent.serial
+            out.append(Alloc(serial, ent.nbytes, ent.category, ent.phase))
+            alive.add(serial)
+        elif serial in alive:
+            out.append(Free(serial))
+            alive.discard(serial)
+        elif nbytes:
+            return None
+        # else: a free of nothing (`_emit` cannot tell an empty free from an empty allocation)
+        extra = after.get(e)
+        if not extra:
+            continue
+        if e in in_template:                 # follows each copy, on the copy's tensor
+            for x in extra:
+                if type(x) is not Retag:     # the peaks reset: once, after the last copy
+                    if last_at[e] == j:
+                        out.append(x)
+                    continue
+                if k == -1:
+                    out.append(x)
+                    continue
+                c = copy_of(x.serial, k)
+                if c is None:
+                    return None
+                out.append(Retag(c, x.category))
+        elif last_at[e] == j:                # once, where it was; the copies' tensors too
+            for x in extra:
+                out.append(x)
+                if type(x) is Retag and copy_of(x.serial, HIGH) is not None:
+                    out.extend(Retag(copy_of(x.serial, k), x.category)
+                               for k in range(HIGH, blocks))
+    return out, [copied.get(j) for j in range(len(out))]

@@ -1,0 +1,135 @@
+"""Making many traces at once, on all cores (trace/parallel.py): what a round of `in_rounds`
+asks for, or what an evaluation will read (`prefetch`).
+
+Each request is made in its canonical form (twins.py `canonical`): a request the cache already
+holds, or reads off the disk store, is not traced. A flash request whose memory-efficient twin
+is asked for too waits for it and is made only where that one took flash calls (the two are the
+same step otherwise: twins.py `attention_twin`); a core that would sit idle makes it anyway.
+"""
+from __future__ import annotations
+
+from .. import store
+from ..facts import Trace
+from ..parallel import IDLE, RUN, SKIP, WAIT, trace_all
+from ..stack import HIGH
+from .anchoring import describe, describe_forward, trace_job
+from .cache import TraceCache
+from .replays import prepare
+from .rounds import Deferred
+from .twins import as_semantics, attention_twin, canonical
+
+
+class Scheduling(TraceCache):
+    """The trace cache's parallel side (module docstring). `_cuts(job, sem)` (traces.py) says
+    whether a job's traces are cut."""
+
+    def _cuts(self, job, sem) -> bool:
+        raise NotImplementedError
+
+    def prefetch(self, requests: list[tuple], forwards: list[tuple] = ()) -> None:
+        """Trace each (job, semantics, batch) not yet traced, in parallel where cores allow;
+        a cut model's cut trace; with the generation `forwards` (rounds.asked). A failure is
+        left for `exact` to raise when it is asked for. While deferring, the requests are
+        recorded instead."""
+        todo = []
+        for job, sem, batch in requests:
+            job, sem = canonical(job, sem)
+            todo.append((job, sem, batch, HIGH if self._cuts(job, sem) else None))
+        if self.deferring is not None:
+            missing = [r for r in todo if not self._held(*r)]
+            if missing:
+                self.deferring.extend(missing)
+                raise Deferred
+            return
+        self.fill(todo, at_least=2, forwards=forwards)
+
+    def fill(self, requests: list[tuple], at_least: int = 1, forwards: list[tuple] = ()) -> None:
+        """Trace each (job, semantics, batch, depth) not yet traced, at once on all cores, when
+        there are `at_least` of them, and each generation forward (key, `Forward`, keep) of
+        `rounds.defer_forward`; flash requests wait for their twins (module docstring)."""
+        todo, seen = [], set()
+        for job, sem, batch, depth in requests:
+            key = self._key(job, sem, depth) + (batch,)
+            if key not in self._exact and key not in seen and key not in self._failed:
+                seen.add(key)
+                todo.append((key, trace_job(job), sem, batch, depth))
+        fwd = list({key: (request, keep) for key, request, keep in forwards}.values())
+        if len(todo) + len(fwd) < at_least:
+            return
+        todo = [r for r in todo if not self._held(*r[1:])]
+        if not todo and not fwd:
+            return
+        first, then = self._pairs(todo)
+        steps = len(first)
+        requests = [r[1:] for r in first] + [request for request, _keep in fwd]
+        followups = [then[i][1:] if i in then else None for i in range(steps)] + [None] * len(fwd)
+
+        def policy(i, done, result):
+            if i >= steps:
+                return SKIP
+            if done:
+                self._learn(first[i][1], first[i][2], result)
+                same = isinstance(result, Trace) and result.flash_eligible == 0
+                return SKIP if i not in then or same else RUN
+            hint = self._hint(then[i][1], then[i][2])
+            return RUN if hint else WAIT if hint is False else IDLE
+
+        def started(kind, i):
+            if not self._progress:
+                return
+            if i >= steps:
+                f = fwd[i - steps][0]
+                self._progress(describe_forward(f.job, f.sem, f.batch, f.new_tokens, f.context))
+                return
+            _key, tj, sem, batch, _d = first[i] if kind == "r" else then[i]
+            self._progress(describe(tj, sem, batch))
+
+        out = trace_all(requests, followups, policy, started, finish=prepare)
+        results, more = out if then else (out, [None] * len(requests))
+        for (_request, keep), tr in zip(fwd, results[steps:]):
+            keep(tr)
+        for i, ((key, tj, sem, _b, _d), tr) in enumerate(zip(first, results)):
+            self._keep(key, tj, sem, tr, True)
+            if i in then:
+                fkey, ftj, fsem = then[i][:3]
+                if more[i] is not None or not isinstance(tr, Trace):
+                    self._keep(fkey, ftj, fsem, more[i], True)
+                else:                     # the same step (policy: not made)
+                    self._keep(fkey, ftj, fsem, as_semantics(tr, fsem), False)
+
+    def _pairs(self, todo: list[tuple]) -> tuple[list[tuple], dict[int, tuple]]:
+        """(requests, {i: the flash request that waits for request i}): a flash request whose
+        memory-efficient twin is also asked for, or, where this model's traces have not taken
+        flash (`_hint`), whose twin is added to be traced first."""
+        index = {(key[0], key[1], key[2], key[3]): n for n, (key, *_r) in enumerate(todo)}
+        waiting: dict[int, int | None] = {}
+        for n, (key, tj, sem, batch, depth) in enumerate(todo):
+            if sem.attention != "flash":
+                continue
+            m = index.get((key[0], attention_twin(sem).key(), key[2], key[3]))
+            if m is not None:
+                waiting[n] = m
+            elif self._hint(tj, sem) is False:
+                waiting[n] = None
+        first = [r for n, r in enumerate(todo) if n not in waiting]
+        at = {r[0]: i for i, r in enumerate(first)}     # by request key (keys are unique)
+        then = {}
+        for n, m in waiting.items():
+            key, tj, sem, batch, depth = todo[n]
+            if m is None:                 # its twin, traced first
+                other = attention_twin(sem)
+                first.append((self._key(tj, other, depth) + (batch,), tj, other, batch, depth))
+                then[len(first) - 1] = todo[n]
+            else:
+                then[at[todo[m][0]]] = todo[n]
+        return first, then
+
+    def _keep(self, key: tuple, tj, sem, tr, traced: bool) -> None:
+        """A trace from `fill` (`traced`: made, not shared): cached, stored on disk, learnt
+        from; a failure (or none) recorded as failed."""
+        if isinstance(tr, Trace):
+            store.save(store.key(tj, sem, key[-1], key[-2]), tr)
+            self._store(key[:-1], key[-1], tr, "traced" if traced else None)
+            self._learn(tj, sem, tr)
+        else:
+            self._failed.add(key)

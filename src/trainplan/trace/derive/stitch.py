@@ -1,0 +1,349 @@
+"""The step of a model with L repeated blocks, from one trace of the same model cut to 4.
+
+A model with a stack of L alike blocks (trace/stack.py) runs, per step, the ops outside the stack
+(embeddings, head, loss, the optimizer's multi-tensor kernels over every parameter) and L times
+one block's ops, forward and backward (and the rerun of a checkpointed block). Two cuts, n and
+n + 1 blocks, give what one block adds: the 4-block trace and the same step with one block more,
+read off what the 4-block trace's last block does (`extend`, exact against a real 5-block trace);
+where that cannot be read (a mixture-of-experts model, events that do not repeat block by
+block), a second trace cut to 3 (`stitch(lo, hi)` either way). So, with n the smaller cut:
+
+* ops: the larger cut's, plus L-n-1 more times the ops one more block adds (what the larger
+  cut runs beyond the smaller, compared as multisets); an op both run at different sizes
+  (a multi-tensor optimizer kernel over every parameter) takes FLOPs and bytes
+  x(L) = x(n) + (L - n)(x(n+1) - x(n));
+* every byte count and each phase's peak by category: the same line through the two traces. A
+  phase's peak is where the live total is largest; with alike blocks it mostly comes at the same
+  place in the step (end of forward, the start of backward, the optimizer's update) at any depth
+  and grows by one block's share per block. Where another place grows faster and overtakes it
+  deeper in the model, the line reads low by at most about one block's working memory
+  (Llama-3.2-1B with accumulation: 0.6%, mid-backward overtaking the start of backward at 16
+  blocks). Not from 2 blocks: with full checkpointing a 2-block model's backward peaks at another
+  place (activations still live);
+* the caching allocator's fragmentation: the replay of the whole stack's allocations, the
+  4-block trace's repeated block by block (repeat.py), which is the full trace's replay; where
+  they do not repeat, that of the 4-block replay (replays.py `whole_fragmentation`);
+* the module table, the checkpointed blocks and the LoRA modules: the larger cut's last block's
+  rows copied for the rest.
+
+Where the smaller cut runs an op the larger one does not, `stitch` returns None and the whole
+model is traced. tests/test_depth.py checks the result against full traces (Llama, GPT-2, BERT,
+LoRA, QLoRA, checkpointing, accumulation, 8-bit AdamW): the same step time and byte counts, the
+allocated peak within 1%, the required memory within the allocator replay's noise (5%).
+"""
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import replace
+
+from ..facts import ModuleRow, Trace
+from ..log import CATEGORIES, TraceLog, replay_log
+from ..shapes import on_line
+from ..stack import HIGH, LOW
+from .repeat import repeats, whole_log
+
+
+def _index_pattern(path: str) -> re.Pattern:
+    """Matches '<path>.<i>' as a whole component of a dotted module name, capturing i."""
+    return re.compile(r"(?:^|\.)" + re.escape(path) + r"\.(\d+)(?=\.|$)")
+
+
+def _block_of(pattern: re.Pattern, name: str) -> int | None:
+    m = pattern.search(name)
+    return int(m.group(1)) if m else None
+
+
+def _split(pattern: re.Pattern, name: str) -> tuple[str, str]:
+    """`name` around its block index (a, b): block i's name is a + str(i) + b."""
+    m = pattern.search(name)
+    return name[: m.start(1)], name[m.end(1):]
+
+
+def _op_key(r) -> tuple:
+    return (r.name, r.phase, r.dtype, r.recompute, r.family)
+
+
+def _sig(r) -> tuple:
+    return _op_key(r) + (round(r.flops), round(r.bytes))
+
+
+def _block_delta(lo_ops: list, hi_ops: list) -> tuple[list, list[tuple]] | None:
+    """(the ops one more block adds, [(op in lo, op in hi)] for ops that grow with depth), or
+    None where lo runs an op hi does not. The ops are compared as multisets: the tracker's module
+    names cannot say which block a backward op belongs to (ModuleTracker's backward hooks fire
+    as autograd reaches a module, not per op), so nothing here reads them."""
+    counts: dict[tuple, int] = {}
+    for r in lo_ops:
+        counts[_sig(r)] = counts.get(_sig(r), 0) - 1
+    added, grown = [], {}
+    for r in hi_ops:
+        k = _sig(r)
+        if counts.get(k, 0) < 0:
+            counts[k] += 1
+        else:
+            added.append(r)
+    gone: dict[tuple, list] = {}
+    for r in lo_ops:                      # lo's ops hi has at another size
+        k = _sig(r)
+        if counts.get(k, 0) < 0:
+            counts[k] += 1
+            gone.setdefault(_op_key(r), []).append(r)
+    pairs, new = [], []
+    for r in added:
+        partners = gone.get(_op_key(r))
+        if partners:
+            pairs.append((partners.pop(0), r))
+        else:
+            new.append(r)
+    if any(gone.values()):
+        return None
+    return new, pairs
+
+
+def stitch(lo: Trace, hi: Trace, tagged: Trace | None = None) -> Trace | None:
+    """The whole model's trace from its traces cut to n and n + 1 blocks (module docstring:
+    LOW and HIGH, or HIGH and the HIGH-block trace's `extend`), or None where they do not fit
+    the pattern of alike blocks. `tagged`: the HIGH-block trace, whose allocations repeat over
+    the whole stack (repeat.py); `hi` by default."""
+    if lo.stack is None or hi.stack is None or lo.stack.path != hi.stack.path or \
+            hi.stack.traced != lo.stack.traced + 1:
+        return None
+    tagged = hi if tagged is None else tagged
+    L, path, n = hi.stack.blocks, hi.stack.path, hi.stack.traced
+    f = float(L - lo.stack.traced)     # (L - lo) / (hi - lo), hi - lo = 1
+    pattern = _index_pattern(path)
+    made = hi.derived.one_more        # read off lo by `extend`: what it added, known
+    delta = made[1:] if made is not None and made[0] is lo else _block_delta(lo.ops, hi.ops)
+    if delta is None or lo.phase_peaks.keys() != hi.phase_peaks.keys():
+        return None
+    new, pairs = delta
+
+    def line(x0, x1):
+        return max(0.0, x0 + f * (x1 - x0))
+
+    grown = {id(b): a for a, b in pairs}     # this call's pairs: the record object is the key
+    ops = []
+    for r in hi.ops:                      # the grown ops on their line, the rest as traced
+        a = grown.get(id(r))
+        if a is not None:
+            r = copy.copy(r)
+            r.flops, r.bytes = line(a.flops, r.flops), line(a.bytes, r.bytes)
+            r.shape = on_line(a.shape, r.shape, f)
+        ops.append(r)
+    # the same records, not copies: nothing changes a trace's records in place (who derives one
+    # copies it first: interpolate.py, twins.relabel), and an 80-block model repeats ~150 of
+    # them 76 times, which copying would make the costliest part of a warm plan; the op table
+    # puts them back in place by their identity (predict/optable.py `_in_order`)
+    ops.extend(new * (L - n))
+    extended = hi.derived.extended
+    out = replace(
+        hi, ops=ops, **_on_line(lo, hi, line), modules=_modules(lo, hi, pattern, L, line),
+        checkpointed_blocks=_with_copies(hi.checkpointed_blocks, pattern, n - 1, L),
+        lora_modules=_with_copies(hi.lora_modules, pattern, n - 1, L),
+        log=TraceLog(blocks=tagged.log.blocks, marks=hi.log.marks,
+                     gradients=hi.log.gradients, timeline=hi.log.timeline),
+        stack=tagged.stack, flash_eligible=tagged.flash_eligible, last_block=None,
+        trace_seconds=lo.trace_seconds + (0.0 if extended else hi.trace_seconds),
+        notes=list(hi.notes) + [
+            f"traced with {HIGH} of its {L} alike blocks ({path}); the step adds the other "
+            f"{L - HIGH} as copies of the last" if extended else
+            f"traced with {LOW} and with {HIGH} of its {L} alike blocks ({path}); the step adds "
+            f"the other {L - HIGH} as copies"])
+    # the whole stack's replay is made when a fit is asked of this trace (replays.py
+    # `fragmentation`: the anchors', not every micro-batch a search reads off their line)
+    out.derived.repeats = repeats(tagged, L)
+    out.derived.whole_of = tagged
+    return out
+
+
+def _on_line(lo: Trace, hi: Trace, line) -> dict:
+    """Every total and each phase's peak by category on the line through the two cuts."""
+    def whole(x0, x1) -> int:
+        return int(round(line(x0, x1)))
+
+    def nested(d0, d1):
+        return {k: {kk: line(d0[k][kk], v) for kk, v in inner.items()} for k, inner in d1.items()}
+
+    phase_peaks = {ph: (whole(lo.phase_peaks[ph][0], v[0]),
+                        {c: whole(lo.phase_peaks[ph][1].get(c, 0), v[1].get(c, 0))
+                         for c in CATEGORIES})
+                   for ph, v in hi.phase_peaks.items()}
+    peak_phase = max(phase_peaks, key=lambda ph: phase_peaks[ph][0])
+    totals = ("params_total", "params_trainable", "weight_bytes", "packed_weight_bytes",
+              "floating_weight_elements", "trainable_param_bytes", "gradient_bytes",
+              "optimizer_state_bytes", "activation_bytes", "weight_cast_bytes",
+              "expert_param_bytes", "expert_trainable_bytes", "moe_dispatch_elements")
+    return dict({k: whole(getattr(lo, k), getattr(hi, k)) for k in totals},
+                phase_peaks=phase_peaks, peak_phase=peak_phase,
+                peak_allocated_bytes=phase_peaks[peak_phase][0],
+                peak_breakdown_bytes=dict(phase_peaks[peak_phase][1]),
+                flops=nested(lo.flops, hi.flops), bytes_moved=nested(lo.bytes_moved, hi.bytes_moved),
+                recompute_flops=line(lo.recompute_flops, hi.recompute_flops))
+
+
+def extend(hi: Trace) -> Trace | None:
+    """The trace of the model cut to HIGH + 1 blocks, read off the HIGH-block trace alone: with
+    it, `stitch` needs no trace cut to LOW (one trace where there were two; 0.8 of the HIGH
+    one's time). The tracer tags what the last block does (trace/blocks.py, counters.py): every
+    event, the share of every op's work (`OpRecord.last_block`: 1 for an op the block runs, its
+    tensors' share of a multi-tensor optimizer op's bytes) and what it adds to the totals
+    (tracer.py `_last_block`). One more block then adds:
+
+    * ops: a copy of each op the block runs; a multi-tensor op grows by the block's share;
+    * memory: the events and memory log repeated over one more block (repeat.py `whole_log`,
+      the same repetition as the allocator's replay of the whole stack), replayed for each
+      phase's peak;
+    * totals, and the module table: the last block's, its rows copied as block HIGH.
+
+    tests/test_depth.py checks it against a real trace cut to HIGH + 1 blocks, field by field.
+    None where the events do not repeat block by block, the model has mixture-of-experts
+    layers (whose routing totals are not split by block), or the trace is not tagged."""
+    if hi.stack is None or hi.stack.traced != HIGH or hi.last_block is None or \
+            hi.expert_param_bytes or hi.moe_dispatch_elements:
+        return None
+    log = whole_log(hi, HIGH + 1)
+    if log is None:
+        return None
+    phase_peaks = replay_log(log)[0]
+    if phase_peaks.keys() != hi.phase_peaks.keys():
+        return None
+    peak_phase = max(phase_peaks, key=lambda ph: phase_peaks[ph][0])
+    ops, more, grown = [], [], []
+    flops = {ph: dict(v) for ph, v in hi.flops.items()}
+    moved = {ph: dict(v) for ph, v in hi.bytes_moved.items()}
+    recompute = hi.recompute_flops
+    work = {"forward": 0.0, "backward": 0.0}    # of the ops the module table attributes
+    for r in hi.ops:
+        share = r.last_block
+        if share and r.phase in flops:
+            flops[r.phase][r.family] += share * r.flops
+            moved[r.phase][r.family] += share * r.bytes
+            if r.recompute:
+                recompute += share * r.flops
+            if r.module and r.phase in work:
+                work[r.phase] += share * r.flops
+        if share >= 1.0:
+            more.append(r)
+        elif share > 0.0:
+            r0, r = r, copy.copy(r)
+            r.flops, r.bytes, r.last_block = (r.flops * (1 + share), r.bytes * (1 + share),
+                                              share / (1 + share))
+            # a multi-tensor op's list grows by the last block's tensors (trace/shapes.py)
+            r.shape = (r.shape[0] + r.shape[2],) + r.shape[1:] if len(r.shape) == 3 else \
+                r.shape[:1] and (round(r.shape[0] * (1 + share)),) + r.shape[1:]
+            grown.append((r0, r))
+        ops.append(r)
+    pattern = _index_pattern(hi.stack.path)
+    add = hi.last_block
+    out = replace(
+        hi, stack=replace(hi.stack, traced=HIGH + 1), ops=ops + more, phase_peaks=phase_peaks,
+        peak_phase=peak_phase, peak_allocated_bytes=phase_peaks[peak_phase][0],
+        peak_breakdown_bytes=dict(phase_peaks[peak_phase][1]), flops=flops, bytes_moved=moved,
+        recompute_flops=recompute,
+        modules=_one_more_block(hi.modules, pattern, hi.stack.path, work),
+        checkpointed_blocks=_with_copies(hi.checkpointed_blocks, pattern, HIGH - 1, HIGH + 1),
+        lora_modules=_with_copies(hi.lora_modules, pattern, HIGH - 1, HIGH + 1),
+        log=TraceLog(memory=log),
+        **{k: type(getattr(hi, k))(getattr(hi, k) + v) for k, v in add.items()})
+    out.derived.extended = True
+    # what one block added, for `stitch`: the ops it runs, and the multi-tensor ops it grew
+    # (what _block_delta finds by comparing the two op lists, known here without comparing)
+    out.derived.one_more = (hi, more, grown)
+    return out
+
+
+def one_more(tr: Trace) -> Trace | None:
+    """`extend(tr)`, made once per trace (kept on it: TraceDerived.more)."""
+    made, more = tr.derived.more
+    if not made:
+        more = extend(tr)
+        tr.derived.more = (True, more)
+    return more
+
+
+def _with_copies(items: list[str], pattern, last: int, blocks: int) -> list[str]:
+    """`items` and block `last`'s names as those of blocks last+1 .. blocks-1."""
+    tails = [_split(pattern, n) for n in items if _block_of(pattern, n) == last]
+    return list(items) + [f"{a}{i}{b}" for i in range(last + 1, blocks) for a, b in tails]
+
+
+def _row_copies(block_rows: list[ModuleRow], pattern, blocks) -> list[ModuleRow]:
+    """One block's module rows, renamed as each of `blocks`'."""
+    tails = [(_split(pattern, r.name), r) for r in block_rows]
+    return [ModuleRow(f"{a}{i}{b}", r.depth, r.params, r.trainable_params, r.activation_bytes,
+                      r.flops_forward, r.flops_backward) for i in blocks for (a, b), r in tails]
+
+
+def _one_more_block(rows: list[ModuleRow], pattern, path: str, work: dict[str, float]
+                    ) -> list[ModuleRow]:
+    """The module table with one more block: block HIGH-1's rows copied as block HIGH's after
+    them, and what the block holds added to each row holding it (the stack, the model): its
+    parameters and activations, and the FLOPs of the ops it runs (`work`: forward, backward;
+    not its row's, which the module tracker's backward attribution moves between neighbouring
+    blocks)."""
+    block = f"{path}.{HIGH - 1}"
+    mine = next((m for m in rows if m.name == block), None)
+    if mine is None:
+        return list(rows)
+    holders = {"(total)"} | {".".join(path.split(".")[:i]) for i in range(1, path.count(".") + 2)}
+    block_rows = [m for m in rows if _block_of(pattern, m.name) == HIGH - 1]
+    out = []
+    for m in rows:
+        if m.name in holders:
+            m = ModuleRow(m.name, m.depth, m.params + mine.params,
+                          m.trainable_params + mine.trainable_params,
+                          m.activation_bytes + mine.activation_bytes,
+                          m.flops_forward + work["forward"], m.flops_backward + work["backward"])
+        out.append(m)
+        if m is block_rows[-1]:
+            out.extend(_row_copies(block_rows, pattern, [HIGH]))
+    return out
+
+
+def _modules(lo: Trace, hi: Trace, pattern, L: int, line) -> list[ModuleRow]:
+    """hi's rows; rows outside the stack on the line through lo's, hi's last block's rows
+    copied."""
+    by_name = {m.name: m for m in lo.modules}
+    rows, n = [], hi.stack.traced
+    last = n - 1
+    block_rows = [m for m in hi.modules if _block_of(pattern, m.name) == last]
+    tail = block_rows[-1] if block_rows else None
+    for m in hi.modules:
+        a = by_name.get(m.name) if _block_of(pattern, m.name) is None else None
+        if a is None:
+            rows.append(m)
+        else:
+            rows.append(ModuleRow(m.name, m.depth, int(line(a.params, m.params)),
+                                  int(line(a.trainable_params, m.trainable_params)),
+                                  int(line(a.activation_bytes, m.activation_bytes)),
+                                  line(a.flops_forward, m.flops_forward),
+                                  line(a.flops_backward, m.flops_backward)))
+        if m is tail:
+            rows.extend(_row_copies(block_rows, pattern, range(n, L)))
+    return rows
+
+
+def whole_forward(tr):
+    """An inference forward (trace/generate.py `InferenceTrace`) traced with HIGH of its stack's
+    layers, as the whole stack's: each op a layer runs repeated for the layers left out, the
+    parameters, weights and KV cache of the last layer added for each, and the live-memory peak
+    replayed over the whole stack's memory log (`whole_log`: the weights, the cache each layer
+    holds and each layer's working memory, in order). `tr` itself where it was traced whole;
+    None where its events do not repeat layer by layer (then it is traced whole)."""
+    if tr.stack is None:
+        return tr
+    log = whole_log(tr, tr.stack.blocks)
+    if log is None:
+        return None
+    n, L = tr.stack.traced, tr.stack.blocks
+    extra = L - n
+    layer = [r for r in tr.ops if r.last_block >= 1.0]
+    return replace(
+        tr, ops=list(tr.ops) + layer * extra,
+        params_total=tr.params_total + extra * tr.last_block["params_total"],
+        weight_bytes=tr.weight_bytes + extra * tr.last_block["weight_bytes"],
+        kv_cache_bytes=tr.kv_cache_bytes + extra * (tr.kv_cache_bytes // n),
+        peak_bytes=replay_log(log)[1][0], log=TraceLog(),
+        notes=list(tr.notes) + [f"traced with {n} of its {L} alike layers ({tr.stack.path}); "
+                                f"the forward adds the other {extra} as copies of the last"])

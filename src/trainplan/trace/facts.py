@@ -1,0 +1,130 @@
+"""What a traced step is: its facts (`Trace`), its memory log (log.py `TraceLog`), and what is
+derived from it alone and kept with it (`TraceDerived`).
+
+A `Trace` is made once (tracer.py) or derived from others (trace/derive/: stitched from a cut
+model's, extended by one block, with gradient accumulation, at another micro-batch, under
+another dtype's name) and never changed after. Every accelerator, strategy and rung reads the
+same trace, so what is computed from it alone is computed once and kept in `derived`: the op
+table the time model reads (predict/optable.py), the caching allocator's replays (derive/
+replays.py), the trace with one block more (derive/stitch.py `extend`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .log import TraceLog
+from .semantics import KernelSemantics
+from .stack import Stack
+
+
+@dataclass
+class ModuleRow:
+    name: str
+    depth: int
+    params: int
+    trainable_params: int
+    activation_bytes: int
+    flops_forward: float
+    flops_backward: float
+
+
+@dataclass
+class TraceDerived:
+    """What the prediction layers derive from one trace alone, made when first asked and kept
+    with it (a real trace's replays are made where it is traced and stored with it: trace/
+    store.py, derive/replays.py `prepare`). Never compared; a trace derived from another starts
+    with an empty one (its own), except the replays of the same allocations (`share_replays`)."""
+
+    # the caching allocator's replay of the trace's own events: rules name -> (peak allocated,
+    # peak reserved, peak pinned) (derive/allocator.py)
+    replay: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    # rules name -> Fragmentation of this trace (a stitched one: its whole stack's)
+    fragmentation: dict[str, object] = field(default_factory=dict)
+    # a cut trace: rules name -> Fragmentation of the whole stack's replay (derive/replays.py)
+    whole_fragmentation: dict[str, object] = field(default_factory=dict)
+    # a stitched trace: the cut trace whose stack it repeats (its fragmentation is that one's
+    # whole-stack replay), and whether that one's events repeat block by block
+    whole_of: Trace | None = None
+    repeats: bool | None = None
+    # a trace read off a cut one by derive/stitch.py `extend`: what the block added
+    extended: bool = False
+    one_more: tuple | None = None          # (the cut trace, its last block's ops, grown ops)
+    # this trace with one block more (`extend`), made once: (made?, the trace or None)
+    more: tuple[bool, Trace | None] = (False, None)
+    op_table: object | None = None         # predict/optable.py `summarize`
+
+    def share_replays(self, src: TraceDerived) -> None:
+        """Take `src`'s replays, made of the same allocations (the same step under other
+        semantics or dtype names: derive/twins.py)."""
+        for mine, theirs in ((self.replay, src.replay),
+                             (self.whole_fragmentation, src.whole_fragmentation)):
+            for k, v in theirs.items():
+                mine.setdefault(k, v)
+
+
+@dataclass
+class Trace:
+    """Exact per-step facts of one job at one micro-batch size on one kernel semantics."""
+
+    model: str
+    kind: str
+    batch_size: int
+    seq_len: int | None
+    image_size: int | None
+    tokens_per_sample: int | None
+    semantics: KernelSemantics
+    params_total: int
+    params_trainable: int
+    weight_bytes: int                 # parameters + buffers as stored
+    trainable_param_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    activation_bytes: int             # live at the end of forward, saved for backward
+    weight_cast_bytes: int            # autocast's cached low-precision weight copies
+    peak_allocated_bytes: int
+    peak_phase: str
+    peak_breakdown_bytes: dict[str, int]
+    phase_peaks: dict[str, tuple[int, dict[str, int]]]   # phase -> (peak bytes, by category)
+    largest_block_param_bytes: int    # the biggest checkpointable/shardable block's parameters
+    flops: dict[str, dict[str, float]]        # phase -> family -> FLOPs (one micro-batch; opt once)
+    bytes_moved: dict[str, dict[str, float]]  # phase -> family -> bytes read + written
+    recompute_flops: float
+    ops: list                         # counters.OpRecord, in the order they ran
+    modules: list[ModuleRow]
+    log: TraceLog                     # what phase_peaks is computed from (log.py)
+    checkpointed_blocks: list[str]
+    lora_modules: list[str]
+    trace_seconds: float
+    notes: list[str] = field(default_factory=list)
+    root_param_bytes: int = 0         # parameters outside the repeated blocks (FSDP's root unit)
+    # the same two as FSDP all-gathers them: floating-point parameters in the compute dtype
+    # (MixedPrecision's param_dtype), packed quantised weights as they are (0: not known)
+    largest_block_gathered_bytes: int = 0
+    root_gathered_bytes: int = 0
+    # of weight_bytes: the non-floating part (packed 4-bit / 8-bit weights and their state) and
+    # the elements of the floating part (prepare.py `dtype_split`)
+    packed_weight_bytes: int = 0
+    floating_weight_elements: int = 0
+    expert_param_bytes: int = 0       # MoE experts' parameters as stored (trace/moe.py)
+    expert_trainable_bytes: int = 0
+    moe_dispatch_elements: int = 0    # T x k x hidden over MoE layers: one all-to-all's payload
+    hidden_size: int = 0              # the model's hidden size where it has one (0: unknown)
+    stack: Stack | None = None        # traced with its repeated blocks cut (trace/stack.py)
+    flash_eligible: int = 0           # SDPA calls flash would take (semantics.py `_sdpa`)
+    # a `py:` model's user code: each .py file loaded when the trace ended -> its SHA-256
+    # (models/custom.py `user_files`); the store reads the trace back only while all are unchanged
+    sources: dict[str, str] = field(default_factory=dict)
+    # a cut trace's last block: what it adds to the totals above (tracer.py `_last_block`)
+    last_block: dict[str, float] | None = None
+    derived: TraceDerived = field(default_factory=TraceDerived, init=False, repr=False,
+                                  compare=False)
+
+    @property
+    def flops_per_step(self) -> float:
+        """Forward + backward FLOPs of one micro-batch (recomputation included)."""
+        return sum(self.flops["forward"].values()) + sum(self.flops["backward"].values())
+
+    @property
+    def model_flops(self) -> float:
+        """Forward + backward FLOPs without recomputation: the numerator of MFU."""
+        return self.flops_per_step - self.recompute_flops
