@@ -230,6 +230,10 @@ def worker_hf(a) -> None:
     _note(a.work, f"rank {rank} {'stopped' if guard.stopped else 'done'} {trainer.state.global_step}")
     if not guard.stopped and rank == 0:
         _result(model, a.work)
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():   # the Trainer's process group, ended
+        dist.barrier()              # (left to the interpreter's exit, gloo's threads can abort
+        dist.destroy_process_group()    # a finished rank: "terminate called without an ...")
 
 
 # --- the harness ------------------------------------------------------------------------------

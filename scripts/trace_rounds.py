@@ -7,7 +7,7 @@ For every call of trace/parallel.py's `trace_all` made by trace/derive/schedule.
 traces on all cores): each training step asked for (micro-batch, attention kernel, the job's
 checkpointing, LoRA, quantisation, optimizer, accumulation, sequence length) and each generation
 forward (`Forward`: sequences, new tokens, context), how many follow-ups it made, its wall time
-and when it started; then every trace made one at a time in this process, and the total. Set
+and when it started; every trace made one at a time in this process, and the total. Set
 TRAINPLAN_TRACE_CACHE to an empty folder for a cold run (nothing read from the trace store).
 The README's "Speed of analysis" cites runs of this script.
 """
@@ -38,33 +38,27 @@ def _say(line: str) -> None:
 
 
 def main() -> int:
-    all_at_once, one, fwd = traces.trace_all, cache.trace_step, generation.trace_forward
+    def watched(real, where: str):
+        """trace/parallel.py's trace_all as `where` calls it, reported: schedule.py's calls are
+        rounds on all cores, cache.py's and inference.py's traces made one at a time."""
+        def trace_all(requests, *a, **kw):
+            t = time.perf_counter()
+            out = real(requests, *a, **kw)
+            more = out[1] if isinstance(out, tuple) else [None] * len(requests)
+            if where == "round":
+                _say(f"round at {t - T0:.0f} s: {len(requests)} traces, "
+                     f"{sum(m is not None for m in more)} follow-ups, "
+                     f"{time.perf_counter() - t:.1f} s")
+            for r in requests:
+                what = _forward(r) if isinstance(r, Forward) else _step(*r)
+                _say(("  " + what) if where == "round" else
+                     f"one at a time: {what}, {time.perf_counter() - t:.1f} s")
+            return out
+        return trace_all
 
-    def trace_all(requests, followups=None, policy=None, started=None, finish=None):
-        t = time.perf_counter()
-        out = all_at_once(requests, followups, policy, started, finish)
-        more = out[1] if isinstance(out, tuple) else [None] * len(requests)
-        _say(f"round at {t - T0:.0f} s: {len(requests)} traces, "
-             f"{sum(m is not None for m in more)} follow-ups, {time.perf_counter() - t:.1f} s")
-        for r in requests:
-            _say("  " + (_forward(r) if isinstance(r, Forward) else _step(*r)))
-        return out
-
-    def trace_step(job, sem, batch=None, *a, depth=None, **kw):
-        t = time.perf_counter()
-        out = one(job, sem, batch, *a, depth=depth, **kw)
-        _say(f"one at a time: {_step(job, sem, batch, depth)}, {time.perf_counter() - t:.1f} s")
-        return out
-
-    def trace_forward(job, sem, batch, new_tokens, context, depth=None):
-        t = time.perf_counter()
-        out = fwd(job, sem, batch, new_tokens, context, depth)
-        _say(f"one at a time: {_forward(Forward(job, sem, batch, new_tokens, context))}, "
-             f"{time.perf_counter() - t:.1f} s")
-        return out
-
-    traces.trace_all, cache.trace_step, generation.trace_forward = \
-        trace_all, trace_step, trace_forward
+    traces.trace_all = watched(traces.trace_all, "round")
+    cache.trace_all = watched(cache.trace_all, "one")
+    generation.trace_all = watched(generation.trace_all, "one")
     from trainplan.cli.main import main as trainplan
     try:
         code = trainplan(sys.argv[1:])

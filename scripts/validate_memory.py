@@ -405,7 +405,8 @@ def trace_case(case: Case):
     sem = dataclasses.replace(semantics_for(job, get_accelerator(case.accel)), **case.kernels)
     tr = trace_step(job, sem)
     from trainplan.predict.memory import SOFTMAX_OPS   # the only ops the memory model reads
-    return dataclasses.replace(tr, ops=[r for r in tr.ops if r.name in SOFTMAX_OPS], timeline=[])
+    return dataclasses.replace(tr, ops=[r for r in tr.ops if r.name in SOFTMAX_OPS],
+                               log=dataclasses.replace(tr.log, timeline=[]))
 
 
 def estimate(case: Case, tr, capacity_bytes: int | None = None) -> dict:
