@@ -107,6 +107,8 @@ class StepCounter(TorchDispatchMode):
         self.phase = "setup"           # and `block`, the cut stack's block running: -1;
                                        # `host_pending`, kernel-less ops since the last record: 0
         self.recompute = False
+        self.grad_pending = (-1, 0)    # (records, host_pending) at the last gradient made
+                                       # (tracer.py `_gradient_made`)
         self.mt = module_tracker
         self.records: list[OpRecord] = []
         self.live = 0

@@ -319,9 +319,9 @@ def _gradient_made(counter: StepCounter, p) -> None:
     # host views since the last kernel or the last gradient made before it: the views before
     # this AccumulateGrad and, here, its detach; `host_ops` carries them to derive/accumulate.py
     at = len(counter.records)
-    last_at, last_pending = getattr(counter, "_grad_pending", (-1, 0))
+    last_at, last_pending = counter.grad_pending
     views = counter.host_pending - (last_pending if last_at == at else 0)
-    counter._grad_pending = (at, counter.host_pending)
+    counter.grad_pending = (at, counter.host_pending)
     add = OpRecord("add_", "other", "backward", 0.0, float(3 * g.numel() * g.element_size()),
                    str(g.dtype).replace("torch.", ""), counter._module(), counter.recompute, 0,
                    float(counter.tag_blocks and counter.block == counter.last_block),
