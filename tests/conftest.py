@@ -16,6 +16,18 @@ def pytest_addoption(parser):
                           "or set TRAINPLAN_UPDATE_GOLDEN=1")
 
 
+def _run_dir(tmp_path_factory, name: str):
+    """A folder for the whole test run: under pytest-xdist (`-n`), one shared by every worker
+    (their base temporaries sit side by side in the run's), so what one traces or imports the
+    others read, as `trainplan` processes sharing a home do (the store writes whole files)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    path = base / name
+    path.mkdir(exist_ok=True)
+    return path
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_trace_store(tmp_path_factory):
     """One disk store of traces for the whole session (trace/store.py): tests that trace the
@@ -23,7 +35,8 @@ def _session_trace_store(tmp_path_factory):
     cover trainplan's code, so a test only ever reads what this code traced."""
     mp = pytest.MonkeyPatch()
     keep = os.environ.get("TRAINPLAN_TEST_TRACE_CACHE")   # a developer's store kept across runs
-    mp.setenv("TRAINPLAN_TRACE_CACHE", keep or str(tmp_path_factory.mktemp("traces")))
+    mp.setenv("TRAINPLAN_TRACE_CACHE", keep or str(_run_dir(tmp_path_factory, "traces")))
+    mp.setenv("TRAINPLAN_TEST_RUN", str(_run_dir(tmp_path_factory, "run")))  # plan_examples.py
     yield
     mp.undo()
 
@@ -33,7 +46,7 @@ def _session_cache(tmp_path_factory):
     """$TRAINPLAN_HOME/cache for the whole session: what can be rebuilt (transformers' import
     table, models/hf_import.py) is built once per run, by the first process that needs it, and
     read by every test and every `trainplan` process the tests start after it."""
-    return tmp_path_factory.mktemp("trainplan_cache")
+    return _run_dir(tmp_path_factory, "trainplan_cache")
 
 
 @pytest.fixture(autouse=True)

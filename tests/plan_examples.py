@@ -1,12 +1,16 @@
-"""The bundled example jobs planned once per test session, exactly as
+"""The bundled example jobs planned once per test run, exactly as
 `trainplan plan examples/NAME.yaml --format json` prints them (shared by the golden, report and
-browser tests, so each example is planned once however many of those run)."""
+browser tests, so each example is planned once however many of those run, and on however many
+pytest-xdist workers: the first to need it plans it and leaves its JSON in the run's folder,
+$TRAINPLAN_TEST_RUN (tests/conftest.py); a worker that needs it meanwhile waits for it)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import io
 import json
+import os
 from pathlib import Path
 
 from trainplan.cli.main import main
@@ -30,13 +34,38 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+@contextlib.contextmanager
+def planning(name: str):
+    """Held while this process plans example NAME (its JSON, or in process as
+    test_estimate_plan_agree.py does): another pytest-xdist worker planning it waits, then reads
+    what this one made (its traces are in the run's shared store) instead of tracing the same
+    steps at the same time (chart-rvr's cold plan is about two minutes on 2 cores)."""
+    run = os.environ.get("TRAINPLAN_TEST_RUN")
+    if not run:
+        yield None
+        return
+    with open(Path(run) / f"plan-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield Path(run) / f"plan-{name}.json"
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @functools.cache
 def example_json(name: str) -> str:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["plan", str(ROOT / "examples" / f"{name}.yaml"), "--format", "json"])
-    assert code == 0, err.getvalue()
-    return out.getvalue()
+    with planning(name) as made:
+        if made is not None and made.exists():
+            return made.read_text()
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["plan", str(ROOT / "examples" / f"{name}.yaml"), "--format", "json"])
+        assert code == 0, err.getvalue()
+        if made is not None:                          # whole or absent: written, then renamed
+            tmp = made.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(out.getvalue())
+            os.replace(tmp, made)
+        return out.getvalue()
 
 
 def example_doc(name: str) -> dict:

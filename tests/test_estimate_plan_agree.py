@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from plan_examples import planning
 
 import trainplan.trace.derive.cache as cache_mod
 import trainplan.trace.derive.schedule as schedule_mod
@@ -98,7 +99,8 @@ class Planned:
         assert set(PLATFORMS[example]) == {p.lower() for p in self.job.platforms}
         self.platforms = {p.id: p for p in select_platforms(list(PLATFORMS[example]))}
         self.planner = Planner(self.job)
-        self.plan = make_plan(self.job, list(self.platforms.values()), planner=self.planner)
+        with planning(example):      # one pytest-xdist worker traces it, the others read it
+            self.plan = make_plan(self.job, list(self.platforms.values()), planner=self.planner)
 
     def config(self, platform_id: str):
         """The configuration the plan chose on the platform, as plan/build.py `plan_platform`
