@@ -157,14 +157,17 @@ def plan_command(args: argparse.Namespace) -> int:
     from ..plan import Planner, make_plan
     from ..plan.extras import plan_extras
     from ..report.plan_output import emit_plan, needs_curves, report_format
-    from ..report.plan_rich import tracing_progress
+    from ..report.plan_rich import print_as_given, stderr_console, tracing_progress
     report_format(args.report)             # a bad extension fails before the tracing
-    display = contextlib.nullcontext(None) if args.quiet else tracing_progress()
+    err = stderr_console()
+    display = contextlib.nullcontext(None) if args.quiet else tracing_progress(err)
     with display as progress:
         planner = Planner(job, progress=progress, calibration=user_calibration())
+        # the job as written, on the terminal as soon as it is known; the rest follows
+        answered = None if progress is None else lambda rows: print_as_given(rows, err)
         plan = make_plan(job, platforms, optimize=args.optimize, budget_usd=args.budget,
                          deadline_s=args.deadline * 3600 if args.deadline is not None else None,
-                         planner=planner)
+                         planner=planner, answered=answered)
         if spec is not None:
             from ..plan.campaign import campaign_plan, variant_jobs
             variants = [(settings, plan if jv == job else make_plan(

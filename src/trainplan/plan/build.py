@@ -14,6 +14,7 @@ same answer `trainplan estimate` gives for that job there.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from ..errors import TrainplanError
 from ..platforms import Platform
@@ -21,8 +22,8 @@ from .fixes import SPEED_LADDER, describe
 from ..predict import MAX_MICRO_BATCH
 from .planner import Config, Planner, platform_job, steps_for
 from .rank import rank, tier
-from .result import (OPTIMIZE, READY, READY_WITH_CHANGES, RETIRED, TIGHT, JobSummary, Plan,
-                     PlatformPlan)
+from .result import (OPTIMIZE, READY, READY_WITH_CHANGES, RETIRED, TIGHT, AsGiven, JobSummary,
+                     Plan, PlatformPlan)
 from .verdict import assess, batch_change
 
 
@@ -123,9 +124,12 @@ def _headroom(planner: Planner, platform: Platform, cfg: Config, fixes: list, sk
 
 def make_plan(job, platforms: list[Platform], optimize: str = "balanced",
               budget_usd: float | None = None, deadline_s: float | None = None,
-              planner: Planner | None = None, progress=None) -> Plan:
+              planner: Planner | None = None, progress=None,
+              answered: Callable[[list[AsGiven]], None] | None = None) -> Plan:
     """Plan `job` on `platforms` and rank them. Pass a `planner` to reuse its traces (also for
-    a variant of its job: another length, batch or budget)."""
+    a variant of its job: another length, batch or budget). `answered` is told the job as written
+    on each platform as soon as the first round of traces gives it, before the fix ladders and
+    batch searches trace anything more (the CLI prints it while the rest is planned)."""
     if optimize not in OPTIMIZE:
         raise TrainplanError(f"--optimize {optimize!r} is not a choice.", allowed=", ".join(OPTIMIZE))
     if budget_usd is not None and budget_usd < 0:
@@ -146,6 +150,9 @@ def make_plan(job, platforms: list[Platform], optimize: str = "balanced",
         functools.partial(planner.evaluate, jp, p, planner.per_device(p), 1)
         for (jp, _), p in adapted])
     first = [(jp, p, c) for ((jp, _), p), c in zip(adapted, first)]
+    if answered is not None:
+        answered([AsGiven(p.id, c.micro_batch, c.evaluation.fit_state, c.time.step_time_s,
+                          c.memory.required_bytes, c.memory.capacity_bytes) for _, p, c in first])
     planner.prime([(jp, p) for jp, p, c in first if not c.fits and planner.per_device(p) > 1],
                   accumulate=True)
     plans = planner.traces.in_rounds([

@@ -119,6 +119,20 @@ class Cost:
 
 
 @dataclass(frozen=True)
+class AsGiven:
+    """The job as written on one platform, known after a plan's first round of traces, before
+    any fix-ladder rung is traced (plan/build.py `make_plan`'s `answered`): what a plan can say
+    first."""
+
+    platform_id: str
+    micro_batch: int
+    fit_state: str                       # fits / tight / does not fit (predict/memory.py)
+    step_time_s: float
+    required_bytes: int
+    capacity_bytes: int
+
+
+@dataclass(frozen=True)
 class Crossover:
     """Owned hardware against another platform: from `runs` runs on (None: not within
     MAX_CROSSOVER_RUNS) the owned machine's dollars are no more than the other's."""

@@ -26,7 +26,8 @@ from .plan_tables import (CAMPAIGN, COST, PERFORMANCE, SESSIONS, VERDICTS, Colum
                           campaign_lines, campaign_rows, chosen_index, fix_line,
                           fmt_by_key, memory_columns, phase_columns, platform_rows, rows)
 from ..plan.verdict import headline
-from ..units import fmt_note, fmt_int, fmt_seconds, fmt_usd, key_label
+from ..predict.memory import NO_FIT
+from ..units import fmt_gib, fmt_int, gib, fmt_note, fmt_seconds, fmt_usd, key_label
 
 FIRST_SCREEN = 12     # platforms in the first table; the rest follow below it
 DETAILS = 6           # platforms in the detail tables
@@ -188,12 +189,17 @@ def plan_rich(plan, extras: ReportExtras | None = None, console: Console | None 
                 + (f" to {dates[-1]}" if dates[-1] != dates[0] else "") + "[/dim]")
 
 
+def stderr_console() -> Console:
+    """The console a plan's progress and first answer share (stderr; stdout is the report)."""
+    return Console(stderr=True, highlight=False)
+
+
 @contextlib.contextmanager
 def tracing_progress(console: Console | None = None) -> Iterator[Callable[[str], None] | None]:
     """A progress callback for `Planner` / `Traces(progress=...)`: a status line on stderr that
     shows the trace under way, and one dim line per finished trace. Yields None (no display)
     when stderr is not a terminal."""
-    err = console or Console(stderr=True, highlight=False)
+    err = console or stderr_console()
     if not err.is_terminal:
         yield None
         return
@@ -205,6 +211,45 @@ def tracing_progress(console: Console | None = None) -> Iterator[Callable[[str],
             done.append(message)
             status.update(f"{escape(message)} (trace {len(done)})")
         yield progress
-    if done:
-        err.print(f"[dim]  {escape(done[-1])}: done ({len(done)} trace{'s' if len(done) > 1 else ''})[/dim]",
+    if done:                  # two lines: a trace's name may take most of 80 columns
+        err.print(f"[dim]  {escape(done[-1])}: done[/dim]", highlight=False)
+        err.print(f"[dim]  {len(done)} trace{'s' if len(done) > 1 else ''} made[/dim]",
                   highlight=False)
+
+
+AS_GIVEN_ROWS = 6      # more platforms than this: one summary line (a plan over every platform)
+
+
+def as_given_lines(rows: list) -> list[str]:
+    """What a plan knows first (plan/result.py `AsGiven`, one per platform): the job as written
+    on each platform, a line each (micro-batch a device, time a step, memory needed / capacity),
+    or two summary lines over many; then what comes next. Under 80 columns for the catalog's
+    platform names (25 characters at most)."""
+    if not rows:
+        return []
+    runs = [r for r in rows if r.fit_state != NO_FIT]
+    rest = len(rows) - len(runs)
+    if len(rows) > AS_GIVEN_ROWS:
+        out = [f"As written, the job fits on {len(runs)} of {len(rows)} platforms."]
+        if runs:
+            fast = min(runs, key=lambda r: r.step_time_s)
+            out.append(f"Fastest as written: {fast.platform_id}, "
+                       f"{fmt_seconds(fast.step_time_s)} a step.")
+    else:
+        width = max(len(r.platform_id) for r in rows)
+        out = ["As written (micro-batch a device, time a step, memory needed / capacity):"]
+        for r in rows:
+            when = fmt_seconds(r.step_time_s) if r.fit_state != NO_FIT else ""
+            out.append(f"  {r.platform_id:<{width}}  {r.fit_state:<12}  {fmt_int(r.micro_batch):>4}"
+                       f"  {when:>9}  {gib(r.required_bytes):.2f} / {fmt_gib(r.capacity_bytes)}")
+    if rest:
+        out.append(f"Next: the fix ladder where it does not fit ({rest} platform"
+                   f"{'s' if rest > 1 else ''}), then the plan.")
+    return out
+
+
+def print_as_given(rows: list, console: Console | None = None) -> None:
+    """`as_given_lines` on stderr, while the fix ladders and batch searches are planned."""
+    err = console or stderr_console()
+    for line in as_given_lines(rows):
+        err.print(escape(line), highlight=False, overflow="ellipsis", no_wrap=True)
