@@ -16,21 +16,6 @@ def pytest_addoption(parser):
                           "or set TRAINPLAN_UPDATE_GOLDEN=1")
 
 
-# One example's cold plan is long (chart-rvr, GRPO on Qwen2.5-VL-3B: about two minutes on 2
-# cores). Under pytest-xdist the first test that needs it runs first, so one worker plans it while
-# the others run the rest; the other tests that read it run last, when it is made (they would
-# wait for it: tests/plan_examples.py `planning`), instead of the run waiting for it at its end.
-LONG_PLAN = "chart-rvr"
-
-
-def pytest_collection_modifyitems(config, items):
-    needs = [i for i, item in enumerate(items) if LONG_PLAN in item.nodeid]
-    if needs:
-        order = {i: (0 if i == needs[0] else 2) for i in needs}
-        items[:] = [item for _, item in sorted(enumerate(items),
-                                               key=lambda e: (order.get(e[0], 1), e[0]))]
-
-
 def _run_dir(tmp_path_factory, name: str):
     """A folder for the whole test run: under pytest-xdist (`-n`), one shared by every worker
     (their base temporaries sit side by side in the run's), so what one traces or imports the
