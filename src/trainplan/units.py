@@ -33,6 +33,11 @@ def fmt_gib(n_bytes: float) -> str:
     return f"{n_bytes / GiB:.2f} GiB"
 
 
+def fmt_gib_pair(need: float, capacity: float) -> str:
+    """A need against a capacity in one unit, the unit said once: '15.27 / 15.00 GiB'."""
+    return f"{need / GiB:.2f} / {fmt_gib(capacity)}"
+
+
 def fmt_mib(n_bytes: float) -> str:
     """Memory in whole MiB (a saving too small for GiB): 52 * 2**20 -> '52 MiB'."""
     return f"{n_bytes / MiB:.0f} MiB"

@@ -27,7 +27,7 @@ from .plan_tables import (CAMPAIGN, COST, PERFORMANCE, SESSIONS, VERDICTS, Colum
                           fmt_by_key, memory_columns, phase_columns, platform_rows, rows)
 from ..plan.verdict import headline
 from ..predict.memory import NO_FIT
-from ..units import fmt_gib, fmt_int, gib, fmt_note, fmt_seconds, fmt_usd, key_label
+from ..units import fmt_gib_pair, fmt_int, fmt_note, fmt_seconds, fmt_usd, key_label
 
 FIRST_SCREEN = 12     # platforms in the first table; the rest follow below it
 DETAILS = 6           # platforms in the detail tables
@@ -217,7 +217,7 @@ def tracing_progress(console: Console | None = None) -> Iterator[Callable[[str],
                   highlight=False)
 
 
-AS_GIVEN_ROWS = 6      # more platforms than this: one summary line (a plan over every platform)
+AS_GIVEN_ROWS = 6      # more platforms than this: summary lines (a plan over every platform)
 
 
 def as_given_lines(rows: list) -> list[str]:
@@ -241,7 +241,7 @@ def as_given_lines(rows: list) -> list[str]:
         for r in rows:
             when = fmt_seconds(r.step_time_s) if r.fit_state != NO_FIT else ""
             out.append(f"  {r.platform_id:<{width}}  {r.fit_state:<12}  {fmt_int(r.micro_batch):>4}"
-                       f"  {when:>9}  {gib(r.required_bytes):.2f} / {fmt_gib(r.capacity_bytes)}")
+                       f"  {when:>9}  {fmt_gib_pair(r.required_bytes, r.capacity_bytes)}")
     if rest:
         out.append(f"Next: the fix ladder where it does not fit ({rest} platform"
                    f"{'s' if rest > 1 else ''}), then the plan.")
