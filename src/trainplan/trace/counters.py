@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_flatten
 
 from . import moe
 from .log import Alloc, Event, Free, GradientMade, Mark, Reset, Retag
-from .ops import VIEW_OPS, OpRecord, _group_channels, op_family, op_flops
+from .ops import ATTENTION_OPS, VIEW_OPS, OpRecord, _group_channels, op_family, op_flops
 from .shapes import kernel_shape
 
 ALLOC_ROUND = 512  # CUDA caching allocator rounds every block up to 512 bytes
@@ -50,6 +50,9 @@ class _Storage:
     phase: str
     serial: int
     block: int = -1      # the cut stack's block it was allocated in, or for (see `owner`)
+    # windows.py: the allocations of the loop's n calls this one output of a batched call
+    # stands for, (serial, bytes) each, in the loop's order (`track_windows`)
+    parts: tuple = ()
 
 
 def _round(n: int) -> int:
@@ -140,6 +143,14 @@ class StepCounter(TorchDispatchMode):
         # between blocks, when the next block's output replaces it, so that free is the next's
         self.no_grad_stack = False
         self.event_blocks: list[int] = []
+        # trace/windows.py: n alike attention windows run as one call (`window_batch`, set
+        # while the call runs), recorded as the n calls; the outputs of such a call, whose
+        # backward is split alike (`_windows`)
+        self.window_batch = 0
+        self.window_outs: dict[int, int] = {}
+        self.window_views = 0       # host_pending once the batched views are made
+        self.window_extra = 0       # view ops the batching added (not the loop's)
+        self.window_records: tuple[int, int] | None = None   # (first record, n) of the call
         self.marks: list[Mark] = []               # tracer.py `_mark`, `_gradient_made`
         self.gradients_made: list[GradientMade] = []
 
@@ -187,6 +198,39 @@ class StepCounter(TorchDispatchMode):
         if self.live > self.phase_peaks.get(self.phase, (-1,))[0]:
             self.phase_peaks[self.phase] = (self.live, dict(self.by_cat))
 
+    def track_windows(self, outs, n: int) -> None:
+        """The outputs of one call over n alike windows (windows.py) allocated as the loop's n
+        calls allocate theirs: call by call, each its share of every output over the windows
+        (first dimension n) and its own copy of any other (the philox seed and offset). Each
+        output's free frees its n allocations (`_free`)."""
+        new = []
+        for t in outs:
+            st = t.untyped_storage()
+            if st._cdata in self.storages:
+                continue
+            each = t.dim() >= 2 and t.shape[0] == n
+            size = _round(st.nbytes() // n if each else st.nbytes())
+            rec = _Storage(size * n, self.default_category, self._module(), self.phase, -1,
+                           self.block)
+            self.storages[st._cdata] = rec
+            weakref.finalize(st, self._free, st._cdata)
+            new.append((rec, size, []))
+        for _ in range(n):
+            for rec, size, parts in new:
+                parts.append((len(self.events), size))
+                self.live += size
+                self.by_cat[rec.category] += size
+                self.events.append(Event(len(self.events), size))
+                self._tagged(rec.block)
+                self.memory_log.append(Alloc(parts[-1][0], size, rec.category, self.phase))
+                if self.live > self.peak:
+                    self.peak, self.peak_phase = self.live, self.phase
+                    self.peak_by_cat = dict(self.by_cat)
+                if self.live > self.phase_peaks.get(self.phase, (-1,))[0]:
+                    self.phase_peaks[self.phase] = (self.live, dict(self.by_cat))
+        for rec, size, parts in new:
+            rec.serial, rec.parts = parts[0][0], tuple(parts)
+
     def _tagged(self, block: int, rec: _Storage | None = None) -> None:
         """Record an event's block. A tensor made from nothing in the optimizer (UNKNOWN) takes
         the block of the next event that has one, as `event_blocks` reads it back, so that the
@@ -207,16 +251,18 @@ class StepCounter(TorchDispatchMode):
 
     def _free(self, key: int) -> None:
         rec = self.storages.pop(key, None)
+        self.window_outs.pop(key, None)
         if rec is None or self.closed:   # after the step: the model torn down, whenever GC runs
             return
         self.live -= rec.nbytes
         self.by_cat[rec.category] -= rec.nbytes
-        self.events.append(Event(rec.serial, -rec.nbytes))
         tag = rec.block if self.phase in _BY_OWNER else self.block
         if tag == -1 and self.no_grad_stack and 0 <= rec.block < self.last_block:
             tag = rec.block + 1
-        self._tagged(tag)
-        self.memory_log.append(Free(rec.serial))
+        for serial, nbytes in rec.parts or ((rec.serial, rec.nbytes),):
+            self.events.append(Event(serial, -nbytes))
+            self._tagged(tag)
+            self.memory_log.append(Free(serial))
 
     def retag(self, t: torch.Tensor, category: str) -> None:
         rec = self.storages.get(t.untyped_storage()._cdata)
@@ -225,7 +271,8 @@ class StepCounter(TorchDispatchMode):
         self.by_cat[rec.category] -= rec.nbytes
         self.by_cat[category] += rec.nbytes
         rec.category = category
-        self.memory_log.append(Retag(rec.serial, category))
+        for serial, _ in rec.parts or ((rec.serial, 0),):
+            self.memory_log.append(Retag(serial, category))
 
     def _last_share(self, *groups) -> float:
         """The last block's tensors' share of the bytes an op reads and writes (`OpRecord`)."""
@@ -273,7 +320,11 @@ class StepCounter(TorchDispatchMode):
             out = func(*args, **kwargs)
         packet = func._overloadpacket
         outs = _tensors(out)
-        if self.tag_blocks and self.phase in _BY_OWNER:
+        windows = self._windows(packet, args, outs) if self.window_batch or self.window_outs \
+            else 1
+        if windows > 1:
+            self.track_windows(outs, windows)
+        elif self.tag_blocks and self.phase in _BY_OWNER:
             for t, b in zip(outs, _owners(self, outs, args)):
                 self.track(t, block=b)
         else:
@@ -299,10 +350,13 @@ class StepCounter(TorchDispatchMode):
         if last and phase in _BY_OWNER and len(shape) == 2 and isinstance(args[0], (list, tuple)):
             # a multi-tensor op: how many of its list's tensors are the last block's (shapes.py)
             shape += (sum(self.owner(t) == self.last_block for t in args[0]),)
-        self.records.append(OpRecord(str(packet).split(".")[-1], op_family(packet), phase, flops,
-                                     float(nbytes), dtype.replace("torch.", ""), mod,
-                                     self.recompute, _group_channels(packet, args), last,
-                                     shape, self.host_pending))
+        record = OpRecord(str(packet).split(".")[-1], op_family(packet), phase, flops,
+                          float(nbytes), dtype.replace("torch.", ""), mod, self.recompute,
+                          _group_channels(packet, args), last, shape, self.host_pending)
+        if windows > 1:
+            self._per_window(record, windows, ins, written)
+        else:
+            self.records.append(record)
         self.host_pending = 0
         if flops and mod:
             st = self.modules[mod]
@@ -312,6 +366,49 @@ class StepCounter(TorchDispatchMode):
                 st.flops_backward += flops
         self.timeline.append((phase, self.live))
         return out
+
+
+    def _windows(self, packet, args, outs) -> int:
+        """How many alike windows (trace/windows.py) the op runs on at once: the batched call's
+        (`window_batch`), or in backward an attention kernel's reading such a call's output."""
+        if self.window_batch > 1:
+            if packet in ATTENTION_OPS:
+                for t in outs:
+                    self.window_outs[t.untyped_storage()._cdata] = self.window_batch
+            return self.window_batch
+        if self.window_outs and packet in ATTENTION_OPS:
+            for t in _tensors(args):
+                n = self.window_outs.get(t.untyped_storage()._cdata)
+                if n:
+                    return n
+        return 1
+
+
+    def _per_window(self, record: OpRecord, n: int, ins, written) -> None:
+        """Record one call over n alike windows as the loop's n calls (windows.py): each 1/n of
+        its FLOPs and of the bytes of its tensors over the windows (q, k, v, outputs, log-sum-exp
+        and gradients: n first; a vector or scalar, the philox seed and offset, is every call's
+        own), an attention kernel's batch (its shape's first dimension: the
+        windows) 1/n of the call's. Host ops: the first call's are the batched call's, less the
+        views the batching added; in the batched forward each later one dispatches the views
+        made inside the call (and, windows.py `joined`, after it). In backward the loop's cat
+        cuts its gradient in n views where the batched one cuts one, before the first call; each
+        later call dispatches the views made since the gradient reached it (`window_views`)."""
+        scalars = sum(t.numel() * t.element_size() for t in (*ins, *written)
+                      if t.dim() < 2 or t.shape[0] != n)
+        shape = record.shape
+        if record.family == "attention" and shape:
+            shape = (shape[0] // n,) + tuple(shape[1:])
+        each = replace(record, flops=record.flops / n, shape=shape,
+                       bytes=(record.bytes - scalars) / n + scalars)
+        forward = self.window_batch > 1
+        later = record.host_ops - self.window_views
+        first = record.host_ops - self.window_extra if forward else record.host_ops + n - 1
+        if forward:
+            self.window_records = (len(self.records), n)
+            self.window_extra = 0
+        self.records.append(replace(each, host_ops=max(0, first)))
+        self.records.extend(replace(each, host_ops=max(0, later)) for _ in range(n - 1))
 
 
 _BY_OWNER = ("setup", "optimizer")   # phases whose events are tagged by the tensors' blocks

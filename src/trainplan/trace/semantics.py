@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from . import windows
+
 aten = torch.ops.aten
 
 
@@ -129,6 +131,11 @@ _PROMOTE = {"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sam
             "scatter_add", "tensordot"}
 
 
+def _flash_ok(dtype, q, attn_mask) -> bool:
+    """Flash takes the call: no mask, fp16/bf16 (and, with `q`, a head dim up to 256)."""
+    return attn_mask is None and dtype != torch.float32 and (q is None or q.shape[-1] <= 256)
+
+
 def _fname(func) -> str:
     return getattr(func, "__name__", "")
 
@@ -158,6 +165,7 @@ class TargetSemantics(TorchFunctionMode):
         # takes it and, in backward, writes the bias gradient in the expanded (b, heads, s, s)
         self.float_mask_calls = 0
         self.bias_grad_calls = 0
+        self.windows = None         # trace/windows.py WindowBatch, where the tracer installs one
 
     def clear_cast_cache(self) -> None:
         """Autocast drops its weight-cast cache when the autocast region exits (end of forward)."""
@@ -212,6 +220,13 @@ class TargetSemantics(TorchFunctionMode):
         if name in ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout") and \
                 func in (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d):
             return self._dropout(name, args, kwargs)
+        if self.windows is not None and self.windows.active:
+            if func in windows.SPLITS:     # trace/windows.py: alike windows as one call
+                out = self.windows.split(self.window_backend, func, args, kwargs)
+                if out is not None:
+                    return out
+            elif func is torch.cat:
+                self.windows.joined(args[0] if args else kwargs.get("tensors", ()))
         if self.autocast_enabled:
             args, kwargs = self._autocast(name, args, kwargs)
         if func is F.scaled_dot_product_attention:
@@ -244,21 +259,11 @@ class TargetSemantics(TorchFunctionMode):
             rep = q.shape[-3] // k.shape[-3]
             k = k.repeat_interleave(rep, dim=-3)
             v = v.repeat_interleave(rep, dim=-3)
-        backend = self.sem.attention
-        flash_ok = attn_mask is None and q.dtype != torch.float32 and q.shape[-1] <= 256
-        if backend in ("flash", "efficient") and flash_ok:
+        if self.sem.attention in ("flash", "efficient") and _flash_ok(q.dtype, q, attn_mask):
             # the only place "flash" and "efficient" semantics part: a step where no call is
             # flash_ok runs the same ops either way (derive/twins.py shares such traces)
             self.flash_eligible += 1
-        takes_flash = backend == "flash" and flash_ok
-        if gqa and enable_gqa and not takes_flash and not self.sem.efficient_gqa and \
-                backend in ("flash", "efficient"):
-            backend = "math"     # only flash took enable_gqa before torch 2.13 (KernelSemantics)
-        if backend == "flash" and not flash_ok:
-            # PyTorch's dispatcher: flash takes no arbitrary mask and only fp16/bf16 inputs
-            backend = "efficient"
-        if backend == "efficient" and q.shape[-1] % 8 != 0:
-            backend = "math"
+        backend = self.backend(q.dtype, q.shape[-1], attn_mask, gqa and enable_gqa)
         if backend == "flash":
             out = aten._scaled_dot_product_flash_attention(
                 q, k, v, dropout_p, is_causal, False, scale=scale)[0]
@@ -275,6 +280,30 @@ class TargetSemantics(TorchFunctionMode):
             return aten._scaled_dot_product_efficient_attention(
                 q, k, v, bias, True, dropout_p, is_causal, scale=scale)[0]
         return self._math_attention(q, k, v, attn_mask, dropout_p, is_causal, scale)
+
+    def backend(self, dtype: torch.dtype, head_dim: int, attn_mask=None, gqa: bool = False
+                ) -> str:
+        """The SDPA backend the target runs a call on (PyTorch's dispatcher, sdp_utils.cpp):
+        flash takes no arbitrary mask and only fp16/bf16 inputs, the memory-efficient kernel a
+        head dim that is a multiple of 8; grouped-query attention (`gqa`: enable_gqa with
+        fewer K/V heads) only flash took before torch 2.13 (KernelSemantics.efficient_gqa)."""
+        backend = self.sem.attention
+        flash_ok = _flash_ok(dtype, None, attn_mask) and head_dim <= 256
+        if gqa and not (backend == "flash" and flash_ok) and not self.sem.efficient_gqa and \
+                backend in ("flash", "efficient"):
+            return "math"
+        if backend == "flash" and not flash_ok:
+            backend = "efficient"
+        if backend == "efficient" and head_dim % 8 != 0:
+            backend = "math"
+        return backend
+
+    def window_backend(self, t: torch.Tensor) -> str:
+        """The backend an SDPA call on windows of `t` (q, k or v, no mask) runs, "" where
+        autocast would cast them first (trace/windows.py batches only uncast windows)."""
+        if self.autocast_enabled and self.sem.autocast_dtype not in (None, t.dtype):
+            return ""
+        return self.backend(t.dtype, t.shape[-1])
 
     def _math_attention(self, q, k, v, attn_mask, dropout_p, is_causal, scale):
         """softmax(q k^T / sqrt(d) + mask) v, as eager implementations compute it."""

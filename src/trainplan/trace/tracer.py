@@ -28,7 +28,7 @@ from torch.utils.module_tracker import ModuleTracker
 from ..errors import TrainplanError
 from ..models import ModelBundle, build_model
 from ..models.custom import user_files
-from . import fp8, moe, store
+from . import fp8, moe, store, windows
 from . import blocks as block_tags
 from .checkpointing import apply_checkpointing
 from .counters import StepCounter, event_blocks
@@ -157,6 +157,9 @@ def _set_up(job, semantics: KernelSemantics, routing, depth: int | None) -> _Set
     model.train()
     counter = StepCounter()
     sem = TargetSemantics(semantics, on_weight_cast=lambda t: counter.track(t, "weight_casts"))
+    batch = windows.WindowBatch(counter)
+    if windows.install(model, batch):   # alike attention windows as one call (windows.py)
+        sem.windows = batch
     if semantics.fp8:      # FP8 linears (trace/fp8.py); their FP8 weight copies are weight casts
         fp8.convert(model, semantics.fp8, semantics.fp8_transpose,
                     on_weight_cast=lambda t: counter.track(t, "weight_casts"))
