@@ -79,3 +79,24 @@ def test_trace_cache_reads_every_batch_off_the_anchors():
     # a variant that differs only in untraced fields (devices, strategy) shares the traces
     again, interp = traces.at(job.with_(gpus=4, strategy="ddp", gpu="t4"), sem, 3)
     assert again is t3 and traces.traced == 4
+
+
+def test_an_interpolated_traces_lists_are_made_once_when_read():
+    """derive/interpolate.py `Lazy`: made on the first read, never before, and read like the
+    list it stands for; a copy or a pickle of it is a plain list."""
+    import copy
+    import pickle
+
+    from trainplan.trace.derive.interpolate import Lazy
+
+    made = []
+    lazy = Lazy(lambda: made.append(1) or [3, 1, 2])
+    assert made == []
+    assert len(lazy) == 3 and lazy[0] == 3 and lazy[-1] == 2 and lazy[1:] == [1, 2]
+    assert list(lazy) == [3, 1, 2] and list(reversed(lazy)) == [2, 1, 3] and 1 in lazy
+    assert lazy == [3, 1, 2] and lazy + [4] == [3, 1, 2, 4] and [0] + lazy == [0, 3, 1, 2]
+    assert sorted(lazy) == [1, 2, 3] and lazy.index(2) == 2 and bool(lazy)
+    assert made == [1]
+    for other in (copy.copy(lazy), copy.deepcopy(lazy), pickle.loads(pickle.dumps(lazy))):
+        assert type(other) is list and other == [3, 1, 2]
+    assert not Lazy(list) and made == [1]
