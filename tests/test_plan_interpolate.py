@@ -82,12 +82,13 @@ def test_trace_cache_reads_every_batch_off_the_anchors():
 
 
 def test_an_interpolated_traces_lists_are_made_once_when_read():
-    """derive/interpolate.py `Lazy`: made on the first read, never before, and read like the
-    list it stands for; a copy or a pickle of it is a plain list."""
+    """trace/lazy.py `Lazy` (an interpolated trace's lists, a stored trace's): made on the first
+    read, never before, read like the list it stands for, made before it is changed; a copy or a
+    pickle of it is a plain list, and a packed list not yet read pickles as the same bytes."""
     import copy
     import pickle
 
-    from trainplan.trace.derive.interpolate import Lazy
+    from trainplan.trace.lazy import Lazy, dumps
 
     made = []
     lazy = Lazy(lambda: made.append(1) or [3, 1, 2])
@@ -100,3 +101,22 @@ def test_an_interpolated_traces_lists_are_made_once_when_read():
     for other in (copy.copy(lazy), copy.deepcopy(lazy), pickle.loads(pickle.dumps(lazy))):
         assert type(other) is list and other == [3, 1, 2]
     assert not Lazy(list) and made == [1]
+    grown = Lazy(lambda: [1])
+    grown.append(2)
+    assert grown == [1, 2]
+    from trainplan.trace.log import TraceLog
+    log = TraceLog(memory=list(range(600)), events=[1, 2])
+    packed = pickle.loads(dumps(log))
+    assert type(packed.memory) is Lazy and type(packed.events) is list
+    assert type(log.memory) is list
+    again = pickle.loads(pickle.dumps(packed.memory))
+    assert type(again) is Lazy and again == list(range(600)) and packed.memory[599] == 599
+    # what a dataclass makes afresh rather than takes (Trace.derived: the stored replays) is kept
+    from trainplan.trace.facts import Trace
+    import dataclasses
+    fields = {f.name: None for f in dataclasses.fields(Trace) if f.init}
+    tr = Trace(**{**fields, "ops": list(range(600)), "checkpointed_blocks": [],
+                  "lora_modules": [], "trace_seconds": 0.0})
+    tr.derived.replay["cuda"] = (1, 2, 3)
+    back = pickle.loads(dumps(tr))
+    assert type(back.ops) is Lazy and back.derived.replay == {"cuda": (1, 2, 3)}

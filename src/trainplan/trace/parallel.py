@@ -17,11 +17,13 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
+import pickle
 import queue
 from collections.abc import Callable
 from typing import NamedTuple
 
 from ..errors import TrainplanError
+from . import lazy
 from .generate import trace_forward
 from .facts import Trace
 from .tracer import trace_step
@@ -54,13 +56,17 @@ def workers_available() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _run(request, finish: Callable | None = None) -> Trace | tuple:
+def _run(request, finish: Callable | None = None, pack: bool = False) -> Trace | tuple:
+    """One request traced here. `pack` (a worker's): sent back as lazy.py's bytes, whose long
+    lists the planning process unpickles only where it reads them (`_result`)."""
     try:
         if isinstance(request, Forward):
-            return trace_forward(*request)
-        job, sem, batch, depth = request
-        tr = trace_step(job, sem, batch, depth=depth)
-        return finish(tr) if finish is not None else tr
+            out = trace_forward(*request)
+        else:
+            job, sem, batch, depth = request
+            tr = trace_step(job, sem, batch, depth=depth)
+            out = finish(tr) if finish is not None else tr
+        return ("packed", lazy.dumps(out)) if pack else out
     except TrainplanError as e:   # keyword-only fields: sent back as a plain tuple
         return ("error", e.what, e.allowed, e.fix)
 
@@ -83,6 +89,8 @@ def _pool(n: int):
 
 
 def _result(r):
+    if isinstance(r, tuple) and r and r[0] == "packed":
+        return pickle.loads(r[1])
     if isinstance(r, tuple) and r and r[0] == "error":
         return TrainplanError(r[1], allowed=r[2], fix=r[3])
     if isinstance(r, BaseException):
@@ -140,7 +148,7 @@ def _scheduled(requests, followups, policy, started, finish):
 
     def submit(tag, request):
         started(*tag)
-        pool.apply_async(_run, (request, finish), callback=lambda r: done_q.put((tag, r)),
+        pool.apply_async(_run, (request, finish, True), callback=lambda r: done_q.put((tag, r)),
                          error_callback=lambda e: done_q.put((tag, e)))
 
     while queued or open_f or busy:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from ..models.hf_names import load_config_dict
 from ..paths import cache_dir
+from . import lazy
 
 ENV = "TRAINPLAN_TRACE_CACHE"
 MAX_BYTES = 512 * 2**20
@@ -137,7 +138,7 @@ def save(name: str | None, trace) -> None:
         return
     try:
         where.mkdir(parents=True, exist_ok=True)
-        data = zlib.compress(pickle.dumps(trace, protocol=pickle.HIGHEST_PROTOCOL), 1)
+        data = zlib.compress(lazy.dumps(trace), 1)    # lists made on read (lazy.py)
         tmp = where / f".{name}.{os.getpid()}.tmp"     # then renamed: never a partial file
         tmp.write_bytes(data)
         os.replace(tmp, where / f"{name}.trace")

@@ -24,6 +24,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..facts import ModuleRow, Trace
+from ..lazy import Lazy
 from ..log import Alloc, Event, TraceLog, phase_peaks_from_log
 from ..shapes import on_line
 
@@ -41,77 +42,6 @@ def same_shape_family(lo: Trace, hi: Trace) -> bool:
             return False
     return all(a.serial == b.serial and (a.nbytes > 0) == (b.nbytes > 0)
                for a, b in zip(lo.log.events, hi.log.events))
-
-
-class Lazy(list):
-    """A list made on first use: an interpolated trace's op records, allocation events and
-    memory log. A search for the largest micro-batch that fits reads the phase peaks of many
-    interpolated traces and the ops of few, and making every record of each was most of a warm
-    plan's time (graphmer-se over 95 platforms: 157 interpolated traces, 5.8 s of 7.2 s,
-    2026-11-28). Read like a list; a copy or a pickle is a plain one."""
-
-    def __init__(self, make):
-        super().__init__()
-        self._make = make
-
-    def _full(self) -> list:
-        if self._make is not None:
-            make, self._make = self._make, None
-            list.extend(self, make())
-        return self
-
-    def __len__(self):
-        return list.__len__(self._full())
-
-    def __iter__(self):
-        return list.__iter__(self._full())
-
-    def __reversed__(self):
-        return list.__reversed__(self._full())
-
-    def __getitem__(self, i):
-        return list.__getitem__(self._full(), i)
-
-    def __contains__(self, x):
-        return list.__contains__(self._full(), x)
-
-    def __bool__(self):
-        return list.__len__(self._full()) > 0
-
-    def __eq__(self, other):
-        return list.__eq__(self._full(), other)
-
-    def __add__(self, other):
-        return list(self._full()) + other
-
-    def __radd__(self, other):
-        return other + list(self._full())
-
-    def __mul__(self, n):
-        return list(self._full()) * n
-
-    def __repr__(self):
-        return list.__repr__(self._full())
-
-    def index(self, *a):
-        return list.index(self._full(), *a)
-
-    def count(self, x):
-        return list.count(self._full(), x)
-
-    def copy(self):
-        return list(self._full())
-
-    def __copy__(self):
-        return list(self._full())
-
-    def __deepcopy__(self, memo):
-        return copy.deepcopy(list(self._full()), memo)
-
-    def __reduce__(self):
-        return (list, (list(self._full()),))
-
-    __hash__ = None
 
 
 def _line(x0: list[float], x1: list[float], f: float) -> np.ndarray:

@@ -1,0 +1,151 @@
+"""Lists made on first read: what keeps a warm plan from building every record of every trace.
+
+A plan reads many traces and few of their records. A trace stored on disk (store.py) or sent
+back by a tracing worker (parallel.py) holds tens of thousands of op records, allocation events
+and memory-log entries; unpickling them was most of a warm plan's time (Llama-3.2-1B over 95
+platforms: 229 traces, 12.8 s of 24.3 s in `pickle.loads`, 2026-11-28), although a plan reads
+most traces' peaks, fragmentation and op table (fields of their own) and not their lists.
+`dumps` pickles every long list as the bytes of its own pickle, which `pickle.loads` turns back
+into a `Lazy` list that unpickles them on its first read; a trace interpolated between two
+micro-batches (derive/interpolate.py) makes its lists the same way.
+
+A `Lazy` reads like the list it stands for (iteration, len, indexing, comparison, +, *, in);
+anything that would change it makes it first. A copy or a pickle of one is a plain list (or, not
+yet made, the same bytes again). C code that reads a list's items without the sequence protocol
+(json's encoder, str.join) would see it empty: trace lists never go there.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pickle
+
+PACKED = 512          # lists at least this long are pickled on their own (`dumps`)
+
+
+class Lazy(list):
+    """A list made by `make()` on first use (module docstring); `blob`, the pickle it is made
+    from, where it came from one."""
+
+    def __init__(self, make, blob: bytes | None = None):
+        super().__init__()
+        self._make, self._blob = make, blob
+
+    def _full(self) -> list:
+        if self._make is not None:
+            make, self._make, self._blob = self._make, None, None
+            list.extend(self, make())
+        return self
+
+    def __len__(self):
+        return list.__len__(self._full())
+
+    def __iter__(self):
+        return list.__iter__(self._full())
+
+    def __reversed__(self):
+        return list.__reversed__(self._full())
+
+    def __getitem__(self, i):
+        return list.__getitem__(self._full(), i)
+
+    def __contains__(self, x):
+        return list.__contains__(self._full(), x)
+
+    def __bool__(self):
+        return list.__len__(self._full()) > 0
+
+    def __eq__(self, other):
+        return list.__eq__(self._full(), other)
+
+    def __ne__(self, other):
+        return list.__ne__(self._full(), other)
+
+    def __add__(self, other):
+        return list(self._full()) + other
+
+    def __radd__(self, other):
+        return other + list(self._full())
+
+    def __mul__(self, n):
+        return list(self._full()) * n
+
+    __rmul__ = __mul__
+
+    def __repr__(self):
+        return list.__repr__(self._full())
+
+    def index(self, *a):
+        return list.index(self._full(), *a)
+
+    def count(self, x):
+        return list.count(self._full(), x)
+
+    def copy(self):
+        return list(self._full())
+
+    def __copy__(self):
+        return list(self._full())
+
+    def __deepcopy__(self, memo):
+        return copy.deepcopy(list(self._full()), memo)
+
+    def __reduce__(self):
+        if self._make is not None and self._blob is not None:
+            return (_unpacked, (self._blob,))
+        return (list, (list(self._full()),))
+
+    __hash__ = None
+
+
+def _changes(name: str):
+    def method(self, *a, **kw):
+        return getattr(list, name)(self._full(), *a, **kw)
+    method.__name__ = name
+    return method
+
+
+for _name in ("append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
+              "__setitem__", "__delitem__", "__iadd__", "__imul__"):
+    setattr(Lazy, _name, _changes(_name))
+
+
+def _unpacked(blob: bytes) -> Lazy:
+    return Lazy(lambda: pickle.loads(blob), blob)
+
+
+class _Pack(list):
+    """A long list marked to be pickled as the bytes of its own pickle (`dumps`)."""
+
+    def __reduce__(self):
+        return (_unpacked, (pickle.dumps(list(self), protocol=pickle.HIGHEST_PROTOCOL),))
+
+
+def _marked(x, depth: int):
+    """`x` with its long lists marked, looking `depth` dataclasses deep (a Trace, its log)."""
+    if isinstance(x, Lazy):          # not yet made: pickles as its own bytes again
+        return x if x._make is not None or list.__len__(x) < PACKED else _Pack(x)
+    if type(x) is list:
+        return _Pack(x) if len(x) >= PACKED else x
+    if depth and dataclasses.is_dataclass(x) and not isinstance(x, type):
+        changes = {}
+        for f in dataclasses.fields(x):
+            if f.init:
+                v = getattr(x, f.name)
+                m = _marked(v, depth - 1)
+                if m is not v:
+                    changes[f.name] = m
+        if not changes:
+            return x
+        out = dataclasses.replace(x, **changes)
+        for f in dataclasses.fields(x):       # what replace() makes afresh (Trace.derived:
+            if not f.init:                    # the allocator replays made with the trace)
+                setattr(out, f.name, getattr(x, f.name))
+        return out
+    return x
+
+
+def dumps(obj) -> bytes:
+    """`obj` pickled with every list of PACKED items or more in it, or in a dataclass it holds,
+    pickled on its own (module docstring); `obj` itself is left as it is."""
+    return pickle.dumps(_marked(obj, 2), protocol=pickle.HIGHEST_PROTOCOL)
