@@ -104,6 +104,9 @@ def test_a_py_model_is_read_back_only_while_its_code_and_what_it_imports_are_unc
         where, tmp_path, monkeypatch):
     """A `py:` model is keyed by its file; the helper module it imports from the user's folder
     is recorded in the trace, and an edited helper makes the stored trace stale."""
+    # traced in this process: a worker of an earlier test's pool (trace/parallel.py keeps one
+    # per process) would keep the helper it imported first, where a new process imports it anew
+    monkeypatch.setenv("TRAINPLAN_JOBS", "1")
     code = tmp_path / "code"
     code.mkdir()
     (code / "helper.py").write_text(HELPER.format(w=16))
