@@ -97,7 +97,7 @@ def test_an_interpolated_traces_lists_are_made_once_when_read():
     assert list(lazy) == [3, 1, 2] and list(reversed(lazy)) == [2, 1, 3] and 1 in lazy
     assert lazy == [3, 1, 2] and lazy + [4] == [3, 1, 2, 4] and [0] + lazy == [0, 3, 1, 2]
     assert sorted(lazy) == [1, 2, 3] and lazy.index(2) == 2 and bool(lazy)
-    assert made == [1]
+    assert made == [1] and type(lazy) is not Lazy and isinstance(lazy, list)
     for other in (copy.copy(lazy), copy.deepcopy(lazy), pickle.loads(pickle.dumps(lazy))):
         assert type(other) is list and other == [3, 1, 2]
     assert not Lazy(list) and made == [1]
