@@ -120,3 +120,5 @@ def test_an_interpolated_traces_lists_are_made_once_when_read():
     tr.derived.replay["cuda"] = (1, 2, 3)
     back = pickle.loads(dumps(tr))
     assert type(back.ops) is Lazy and back.derived.replay == {"cuda": (1, 2, 3)}
+    # rebuilt from an iterable, as dataclasses.asdict rebuilds a list of its type: made at once
+    assert dataclasses.asdict(back)["ops"] == list(range(600))

@@ -24,6 +24,9 @@ import dataclasses
 import pickle
 
 PACKED = 512          # lists at least this long are pickled on their own (`dumps`)
+# the dataclass fields whose lists are packed: a Trace's op records, its log's memory entries,
+# events, their blocks and the live-bytes timeline (tens of thousands of records each)
+FIELDS = frozenset({"ops", "memory", "events", "blocks", "timeline"})
 
 
 class Lazy(list):
@@ -33,6 +36,10 @@ class Lazy(list):
     def __init__(self, make, blob: bytes | None = None):
         super().__init__()
         self._make, self._blob = make, blob
+        if not callable(make):       # Lazy(iterable), as dataclasses.asdict and copy rebuild a
+            self._make = None        # list of the same type: made at once
+            list.extend(self, make)
+            self.__class__ = Made
 
     def _full(self) -> list:
         if self._make is not None:
@@ -154,6 +161,8 @@ def _marked(x, depth: int):
         for f in dataclasses.fields(x):
             if f.init:
                 v = getattr(x, f.name)
+                if not dataclasses.is_dataclass(v) and f.name not in FIELDS:
+                    continue
                 m = _marked(v, depth - 1)
                 if m is not v:
                     changes[f.name] = m
@@ -168,6 +177,6 @@ def _marked(x, depth: int):
 
 
 def dumps(obj) -> bytes:
-    """`obj` pickled with every list of PACKED items or more in it, or in a dataclass it holds,
-    pickled on its own (module docstring); `obj` itself is left as it is."""
+    """`obj` pickled with every list of PACKED items or more in its FIELDS, or in those of a
+    dataclass it holds, pickled on its own (module docstring); `obj` itself is left as it is."""
     return pickle.dumps(_marked(obj, 2), protocol=pickle.HIGHEST_PROTOCOL)
