@@ -101,6 +101,11 @@ def test_an_interpolated_traces_lists_are_made_once_when_read():
     for other in (copy.copy(lazy), copy.deepcopy(lazy), pickle.loads(pickle.dumps(lazy))):
         assert type(other) is list and other == [3, 1, 2]
     assert not Lazy(list) and made == [1]
+    import json
+    import numpy as np
+    assert json.dumps(Lazy(lambda: [1, 2])) == "[1, 2]" and ",".join(Lazy(lambda: ["a", "b"])) \
+        == "a,b" and tuple(Lazy(lambda: [5])) == (5,)
+    assert np.asarray(Lazy(lambda: [1.0, 2.0])).tolist() == [1.0, 2.0]
     grown = Lazy(lambda: [1])
     grown.append(2)
     assert grown == [1, 2]

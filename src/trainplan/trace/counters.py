@@ -185,18 +185,25 @@ class StepCounter(TorchDispatchMode):
         rec = _Storage(nbytes, category or self.default_category, self._module(), self.phase,
                        len(self.events), self.block if block is None else block)
         self.storages[key] = rec
+        self._allocated(nbytes, rec)
+        weakref.finalize(st, self._free, key)
+
+    def _allocated(self, nbytes: int, rec: _Storage) -> int:
+        """Log one allocation of `nbytes` for `rec` (its serial: the event's index, returned)
+        and raise the peaks it reaches."""
+        serial = len(self.events)
         self.live += nbytes
         self.by_cat[rec.category] += nbytes
-        self.events.append(Event(rec.serial, nbytes))
+        self.events.append(Event(serial, nbytes))
         self._tagged(rec.block, rec)
-        self.memory_log.append(Alloc(rec.serial, nbytes, rec.category, self.phase))
-        weakref.finalize(st, self._free, key)
+        self.memory_log.append(Alloc(serial, nbytes, rec.category, self.phase))
         if self.live > self.peak:
             self.peak = self.live
             self.peak_phase = self.phase
             self.peak_by_cat = dict(self.by_cat)
         if self.live > self.phase_peaks.get(self.phase, (-1,))[0]:
             self.phase_peaks[self.phase] = (self.live, dict(self.by_cat))
+        return serial
 
     def track_windows(self, outs, n: int) -> None:
         """The outputs of one call over n alike windows (windows.py) allocated as the loop's n
@@ -217,17 +224,7 @@ class StepCounter(TorchDispatchMode):
             new.append((rec, size, []))
         for _ in range(n):
             for rec, size, parts in new:
-                parts.append((len(self.events), size))
-                self.live += size
-                self.by_cat[rec.category] += size
-                self.events.append(Event(len(self.events), size))
-                self._tagged(rec.block)
-                self.memory_log.append(Alloc(parts[-1][0], size, rec.category, self.phase))
-                if self.live > self.peak:
-                    self.peak, self.peak_phase = self.live, self.phase
-                    self.peak_by_cat = dict(self.by_cat)
-                if self.live > self.phase_peaks.get(self.phase, (-1,))[0]:
-                    self.phase_peaks[self.phase] = (self.live, dict(self.by_cat))
+                parts.append((self._allocated(size, rec), size))
         for rec, size, parts in new:
             rec.serial, rec.parts = parts[0][0], tuple(parts)
 
@@ -367,7 +364,6 @@ class StepCounter(TorchDispatchMode):
         self.timeline.append((phase, self.live))
         return out
 
-
     def _windows(self, packet, args, outs) -> int:
         """How many alike windows (trace/windows.py) the op runs on at once: the batched call's
         (`window_batch`), or in backward an attention kernel's reading such a call's output."""
@@ -382,7 +378,6 @@ class StepCounter(TorchDispatchMode):
                 if n:
                     return n
         return 1
-
 
     def _per_window(self, record: OpRecord, n: int, ins, written) -> None:
         """Record one call over n alike windows as the loop's n calls (windows.py): each 1/n of

@@ -13,9 +13,9 @@ A `Lazy` reads like the list it stands for (iteration, len, indexing, comparison
 anything that would change it makes it first. Once made it becomes a `Made`, a list with list's
 own methods: a loop indexing it element by element (derive/repeat.py over a stitched trace's
 events) cost 2.7 s of a 11.7 s warm chart-rvr plan through `Lazy`'s methods (profiled,
-2026-11-28). A copy or a pickle of one is a plain list (or, not
-yet made, the same bytes again). C code that reads a list's items without the sequence protocol
-(json's encoder, str.join) would see it empty: trace lists never go there.
+2026-11-28). A copy or a pickle of one is a plain list (or, not yet made, the same bytes
+again); json, str.join, tuple, numpy and dataclasses.asdict read it as the list
+(tests/test_plan_interpolate.py checks the list operations, copies and pickles).
 """
 from __future__ import annotations
 
@@ -29,7 +29,26 @@ PACKED = 512          # lists at least this long are pickled on their own (`dump
 FIELDS = frozenset({"ops", "memory", "events", "blocks", "timeline"})
 
 
-class Lazy(list):
+class Made(list):
+    """A `Lazy` once made: a plain list in all but name (its copies and pickles are lists; a
+    `Lazy`'s too, made first: `list(self)` reads it)."""
+
+    def copy(self):
+        return list(self)
+
+    def __copy__(self):
+        return list(self)
+
+    def __deepcopy__(self, memo):
+        return copy.deepcopy(list(self), memo)
+
+    def __reduce__(self):
+        return (list, (list(self),))
+
+    __hash__ = None
+
+
+class Lazy(Made):
     """A list made by `make()` on first use (module docstring); `blob`, the pickle it is made
     from, where it came from one."""
 
@@ -92,39 +111,10 @@ class Lazy(list):
     def count(self, x):
         return list.count(self._full(), x)
 
-    def copy(self):
-        return list(self._full())
-
-    def __copy__(self):
-        return list(self._full())
-
-    def __deepcopy__(self, memo):
-        return copy.deepcopy(list(self._full()), memo)
-
     def __reduce__(self):
         if self._make is not None and self._blob is not None:
             return (_unpacked, (self._blob,))
         return (list, (list(self._full()),))
-
-    __hash__ = None
-
-
-class Made(list):
-    """A `Lazy` once made: a plain list in all but name (its copies and pickles are lists)."""
-
-    def copy(self):
-        return list(self)
-
-    def __copy__(self):
-        return list(self)
-
-    def __deepcopy__(self, memo):
-        return copy.deepcopy(list(self), memo)
-
-    def __reduce__(self):
-        return (list, (list(self),))
-
-    __hash__ = None
 
 
 def _changes(name: str):

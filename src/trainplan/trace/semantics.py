@@ -131,9 +131,9 @@ _PROMOTE = {"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sam
             "scatter_add", "tensordot"}
 
 
-def _flash_ok(dtype, q, attn_mask) -> bool:
-    """Flash takes the call: no mask, fp16/bf16 (and, with `q`, a head dim up to 256)."""
-    return attn_mask is None and dtype != torch.float32 and (q is None or q.shape[-1] <= 256)
+def _flash_ok(dtype, head_dim: int, attn_mask) -> bool:
+    """Flash takes the call: no mask, fp16/bf16, a head dim up to 256."""
+    return attn_mask is None and dtype != torch.float32 and head_dim <= 256
 
 
 def _fname(func) -> str:
@@ -259,7 +259,8 @@ class TargetSemantics(TorchFunctionMode):
             rep = q.shape[-3] // k.shape[-3]
             k = k.repeat_interleave(rep, dim=-3)
             v = v.repeat_interleave(rep, dim=-3)
-        if self.sem.attention in ("flash", "efficient") and _flash_ok(q.dtype, q, attn_mask):
+        if self.sem.attention in ("flash", "efficient") and \
+                _flash_ok(q.dtype, q.shape[-1], attn_mask):
             # the only place "flash" and "efficient" semantics part: a step where no call is
             # flash_ok runs the same ops either way (derive/twins.py shares such traces)
             self.flash_eligible += 1
@@ -288,7 +289,7 @@ class TargetSemantics(TorchFunctionMode):
         head dim that is a multiple of 8; grouped-query attention (`gqa`: enable_gqa with
         fewer K/V heads) only flash took before torch 2.13 (KernelSemantics.efficient_gqa)."""
         backend = self.sem.attention
-        flash_ok = _flash_ok(dtype, None, attn_mask) and head_dim <= 256
+        flash_ok = _flash_ok(dtype, head_dim, attn_mask)
         if gqa and not (backend == "flash" and flash_ok) and not self.sem.efficient_gqa and \
                 backend in ("flash", "efficient"):
             return "math"
