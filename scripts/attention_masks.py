@@ -27,7 +27,7 @@ def survey(model: str) -> dict:
     from trainplan.models import build_model
     from trainplan.predict.target import semantics_for
     from trainplan.spec import Job, validate
-    from trainplan.trace import semantics as sem_mod
+    from trainplan.trace import emulation as sem_mod
     from trainplan.trace.tracer import trace_step
     from trainplan.models.hf_names import model_type
 

@@ -282,3 +282,20 @@ def test_job_file_gpu_does_not_choose_platforms(capsys, tmp_path):
     assert [p["platform_id"] for p in d["platforms"]] == ["colab-free-t4"]
     assert d["target_batch"] == 8
 
+
+
+def test_a_plan_answered_from_stored_traces_never_loads_pytorch(tmp_path, monkeypatch):
+    # the first plan traces (PyTorch imported); the second reads every trace from the store and
+    # answers the same without importing torch (1.3 s of a warm plan on 2 cores): a stored
+    # trace's facts, semantics and stack unpickle without it (docs/design.md, data flow)
+    job = tmp_path / "tiny.yaml"
+    job.write_text("model: transformer\n"
+                   "transformer: {hidden_size: 64, num_layers: 2, num_heads: 4,\n"
+                   "              intermediate_size: 128, vocab_size: 256, kind: decoder}\n"
+                   "batch_size: 2\nseq_len: 32\nprecision: fp16-amp\nsteps: 100\ngpu: t4\n")
+    argv = ["plan", str(job), "--format", "json"]
+    monkeypatch.setenv("TRAINPLAN_TRACE_CACHE", str(tmp_path / "traces"))   # its own: cold first
+    cold, warm = _fresh(*argv), _fresh(*argv)
+    assert cold.stderr.strip().splitlines()[-1] == "True 0", cold.stderr[-500:]
+    assert warm.stderr.strip().splitlines()[-1] == "False 0", warm.stderr[-500:]
+    assert json.loads(warm.stdout) == json.loads(cold.stdout)

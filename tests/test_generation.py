@@ -9,7 +9,8 @@ from trainplan.predict.generation import estimate_generation, step_cost
 from trainplan.predict.target import semantics_for
 from trainplan.predict.time_params import bundled
 from trainplan.spec import Job, validate
-from trainplan.trace.generate import kv_cache_bytes, kv_dims, trace_forward
+from trainplan.trace.facts import kv_cache_bytes
+from trainplan.trace.generate import kv_dims, trace_forward
 
 QWEN = "hf:Qwen/Qwen2.5-0.5B"
 B, P, C = 2, 64, 128

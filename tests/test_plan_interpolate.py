@@ -127,3 +127,25 @@ def test_an_interpolated_traces_lists_are_made_once_when_read():
     assert type(back.ops) is Lazy and back.derived.replay == {"cuda": (1, 2, 3)}
     # rebuilt from an iterable, as dataclasses.asdict rebuilds a list of its type: made at once
     assert dataclasses.asdict(back)["ops"] == list(range(600))
+
+
+def test_a_packed_list_of_named_tuples_comes_back_as_the_same_named_tuples():
+    """trace/lazy.py keeps a long list of named tuples (a memory log, its events) as rows of plain
+    tuples and their classes, made again by tuple.__new__: the same classes, values and order; a
+    list holding anything else is pickled as it is."""
+    import pickle
+
+    from trainplan.trace.lazy import Lazy, dumps
+    from trainplan.trace.log import Alloc, Event, Free, Retag, TraceLog
+
+    memory = [Alloc(i, 512 * i, "activations", "forward") if i % 3 == 0 else
+              Free(i - 1) if i % 3 == 1 else Retag(i, "gradients") for i in range(900)]
+    events = [Event(i, -i if i % 2 else i) for i in range(700)]
+    back = pickle.loads(dumps(TraceLog(memory=memory, events=events, timeline=[("x", 1)] * 600)))
+    assert type(back.memory) is Lazy and type(back.events) is Lazy
+    assert back.memory == memory and [type(m) for m in back.memory] == [type(m) for m in memory]
+    assert back.events == events and all(type(e) is Event for e in back.events)
+    assert back.memory[3].category == "activations" and back.events[5].nbytes == -5
+    assert back.timeline == [("x", 1)] * 600 and type(back.timeline[0]) is tuple
+    mixed = [Free(i) for i in range(599)] + [7]        # not all named tuples: a plain pickle
+    assert pickle.loads(dumps(TraceLog(memory=mixed))).memory == mixed

@@ -82,7 +82,7 @@ def stack_hint(job) -> int | None:
     building it; None when unknown (timm, torchvision, py:). What decides whether a trace is cut
     to a few blocks (trace/stack.py) is the built model; this only says whether to try."""
     if job.model.startswith("hf:"):
-        from .hf import config_depth
+        from .hf_names import config_depth     # the config only: no torch
         return config_depth(job)
     if job.transformer is not None:
         return int(job.transformer.num_layers)

@@ -19,14 +19,14 @@ import sysconfig
 import traceback
 from pathlib import Path
 
-import torch
-
 from ..errors import TrainplanError
 from . import ModelBundle
 
-DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
-          "bfloat16": torch.bfloat16, "int64": torch.int64, "long": torch.int64,
-          "int32": torch.int32, "bool": torch.bool}
+# an input's dtype as the job writes it -> torch's name for it (torch is imported only to build:
+# a job is checked, and a plan answered from stored traces, without it)
+DTYPES = {"float32": "float32", "float": "float32", "float16": "float16",
+          "bfloat16": "bfloat16", "int64": "int64", "long": "int64",
+          "int32": "int32", "bool": "bool"}
 
 
 # The torch/torchvision pair this project installs (constraints.txt); named in the fix for a
@@ -221,8 +221,9 @@ def parse_input_spec(spec) -> list[dict]:
 
 
 def build_custom(job) -> ModelBundle:
+    import torch
     factory = _load_factory(job.model[3:], job.base_dir)
-    specs = parse_input_spec(job.inputs)
+    specs = [dict(s, dtype=getattr(torch, s["dtype"])) for s in parse_input_spec(job.inputs)]
     try:
         with torch.device("meta"):
             module = factory(**(job.model_args or {}))

@@ -15,7 +15,7 @@ import torch
 
 from ..errors import TrainplanError
 from . import ModelBundle, hf_import, hf_validate, loss_from_output
-from .hf_names import default_seq_len, load_config_dict, resolve_config
+from .hf_names import QWEN_VL_TYPES, default_seq_len, resolve_config
 
 TASK_CLASSES = {
     "causal-lm": "AutoModelForCausalLM",
@@ -123,21 +123,6 @@ def _auto_class(name: str):
     if cls is None:
         raise TrainplanError(f"transformers has no class {name!r}.")
     return cls
-
-
-DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-
-
-def config_depth(job) -> int | None:
-    """The deepest block count the job's config names (its text config's and its own), or None
-    where the config cannot be read (building the model will say why)."""
-    try:
-        cfg = load_config_dict(job.model[3:])[0]
-    except (TrainplanError, OSError, ValueError):
-        return None
-    depths = [v for c in (cfg, cfg.get("text_config")) if isinstance(c, dict)
-              for k, v in c.items() if k in DEPTH_KEYS and isinstance(v, int)]
-    return max(depths, default=None)
 
 
 @hf_validate.guarded          # config checks; transformers' errors -> TrainplanError
@@ -280,9 +265,6 @@ def _inputs_for(auto_name: str, config, job, model=None):
 
 
 # ---- vision-language inputs: images in the sample (Qwen2-VL / Qwen2.5-VL) ----------------------
-
-QWEN_VL_TYPES = ("qwen2_vl", "qwen2_5_vl")
-
 
 def _images_per_sample(job) -> int:
     """Images in each sample: job.images_per_sample, else 1 with an image size, 0 without."""

@@ -286,3 +286,22 @@ def model_type(model: str) -> str:
 def load_config_dict(ref: str) -> tuple[dict, str | None, str]:
     """(config dict, Auto class name or None, canonical name) for a hub id or a local path."""
     return resolve_config(ref)[:3]
+
+
+DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+
+def config_depth(job) -> int | None:
+    """The deepest block count the job's config names (its text config's and its own), or None
+    where the config cannot be read (building the model will say why)."""
+    try:
+        cfg = load_config_dict(job.model[3:])[0]
+    except (TrainplanError, OSError, ValueError):
+        return None
+    depths = [v for c in (cfg, cfg.get("text_config")) if isinstance(c, dict)
+              for k, v in c.items() if k in DEPTH_KEYS and isinstance(v, int)]
+    return max(depths, default=None)
+
+
+# vision-language families whose samples carry images (models/hf.py builds their inputs)
+QWEN_VL_TYPES = ("qwen2_vl", "qwen2_5_vl")

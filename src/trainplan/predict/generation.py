@@ -51,7 +51,7 @@ import numpy as np
 
 from ..errors import TrainplanError
 from ..trace.derive import forwards
-from ..trace.generate import InferenceTrace, kv_cache_bytes
+from ..trace.facts import InferenceTrace, kv_cache_bytes
 from .comm import collective_s
 from .target import semantics_for
 from .host import issue_times, run_queue

@@ -10,12 +10,9 @@ share a trace.
 """
 from __future__ import annotations
 
-import torch
-
 from ..accelerators import Accelerator
 from ..models.hf_names import EAGER_BEFORE_SDPA_PORT, model_type
 from ..trace.semantics import KernelSemantics, attention_backend_for
-from ..trace.prepare import autocast_dtype
 
 
 def devices(job, accel: Accelerator) -> int:
@@ -52,13 +49,13 @@ def eager_by_default(job) -> bool:
 
 def semantics_for(job, accel: Accelerator) -> KernelSemantics:
     """What the accelerator's kernels do for this job (see trace/semantics.py)."""
-    autocast = autocast_dtype(job.precision)
+    autocast = job.precision.autocast       # torch's dtype name, None without AMP
     if eager_by_default(job):
         return KernelSemantics(attention="eager", autocast_dtype=autocast if accel.kind != "tpu"
-                               or autocast is None else torch.bfloat16,
+                               or autocast is None else "bfloat16",
                                channels_last=bool(job.channels_last))
     if accel.kind == "tpu":
-        autocast = torch.bfloat16 if autocast is not None else None
+        autocast = "bfloat16" if autocast is not None else None
         attention = "efficient" if job.attention in ("auto", "sdpa", "flash") else job.attention
     else:
         attention = attention_backend_for(compute_capability(accel), job.attention,

@@ -1,5 +1,6 @@
-"""What a traced step is: its facts (`Trace`), its memory log (log.py `TraceLog`), and what is
-derived from it alone and kept with it (`TraceDerived`).
+"""What a traced step is: its facts (`Trace`), its op records (`OpRecord`), its memory log (log.py
+`TraceLog`), and what is derived from it alone and kept with it (`TraceDerived`); what an
+inference forward is (`InferenceTrace`, traced by generate.py).
 
 A `Trace` is made once (tracer.py) or derived from others (trace/derive/: stitched from a cut
 model's, extended by one block, with gradient accumulation, at another micro-batch, under
@@ -7,6 +8,8 @@ another dtype's name) and never changed after. Every accelerator, strategy and r
 same trace, so what is computed from it alone is computed once and kept in `derived`: the op
 table the time model reads (predict/optable.py), the caching allocator's replays (derive/
 replays.py), the trace with one block more (derive/stitch.py `extend`).
+
+No PyTorch here: a stored trace unpickles, and a plan reads it, without importing torch.
 """
 from __future__ import annotations
 
@@ -15,6 +18,30 @@ from dataclasses import dataclass, field
 from .log import TraceLog
 from .semantics import KernelSemantics
 from .stack import Stack
+
+
+@dataclass
+class OpRecord:
+    """One aten op of the traced step, the unit the time model works on."""
+
+    name: str
+    family: str          # matmul | attention | other
+    phase: str           # forward | backward | optimizer
+    flops: float
+    bytes: float         # read + written
+    dtype: str           # dtype of the first floating input (what the kernel computes in)
+    module: str
+    recompute: bool = False
+    group_channels: int = 0   # convolutions: input channels per group (1 = depthwise)
+    # a cut trace's (trace/blocks.py): the share of the op's work that is the last block's, what
+    # one more block adds to it (derive/stitch.py `extend`): 1 for an op the block runs, for a
+    # multi-tensor optimizer op the block's tensors' share of its bytes, else 0
+    last_block: float = 0.0
+    # the dimensions the kernel computes over (trace/shapes.py): GEMMs, attention, list lengths
+    shape: tuple = ()
+    # ops the host dispatched since the op before that launch no kernel (views, metadata
+    # queries): CPU time the host spends before it can issue this one (predict/host.py)
+    host_ops: int = 0
 
 
 @dataclass
@@ -89,7 +116,7 @@ class Trace:
     flops: dict[str, dict[str, float]]        # phase -> family -> FLOPs (one micro-batch; opt once)
     bytes_moved: dict[str, dict[str, float]]  # phase -> family -> bytes read + written
     recompute_flops: float
-    ops: list                         # counters.OpRecord, in the order they ran
+    ops: list                         # OpRecord, in the order they ran
     modules: list[ModuleRow]
     log: TraceLog                     # what phase_peaks is computed from (log.py)
     checkpointed_blocks: list[str]
@@ -110,7 +137,7 @@ class Trace:
     moe_dispatch_elements: int = 0    # T x k x hidden over MoE layers: one all-to-all's payload
     hidden_size: int = 0              # the model's hidden size where it has one (0: unknown)
     stack: Stack | None = None        # traced with its repeated blocks cut (trace/stack.py)
-    flash_eligible: int = 0           # SDPA calls flash would take (semantics.py `_sdpa`)
+    flash_eligible: int = 0           # SDPA calls flash would take (emulation.py `_sdpa`)
     # a `py:` model's user code: each .py file loaded when the trace ended -> its SHA-256
     # (models/custom.py `user_files`); the store reads the trace back only while all are unchanged
     sources: dict[str, str] = field(default_factory=dict)
@@ -128,3 +155,63 @@ class Trace:
     def model_flops(self) -> float:
         """Forward + backward FLOPs without recomputation: the numerator of MFU."""
         return self.flops_per_step - self.recompute_flops
+
+
+@dataclass
+class InferenceTrace:
+    """One inference forward: `batch` sequences x `new_tokens` tokens against `context` cached.
+
+    Duck-types what predict/optable.py `summarize` reads from a training Trace, so its op table and
+    op_times serve generation unchanged."""
+
+    model: str
+    batch_size: int
+    new_tokens: int
+    context: int
+    semantics: KernelSemantics
+    ops: list[OpRecord]
+    params_total: int
+    weight_bytes: int            # parameters + buffers as stored
+    kv_cache_bytes: int          # K/V held by the cache after the forward (context + new tokens)
+    peak_bytes: int              # live-memory peak during the forward (weights + cache included)
+    layers: int
+    kv_heads: int
+    head_dim: int
+    kv_dtype_bytes: int
+    trace_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    # traced with the stack cut (`trace_forward`'s depth): what the whole stack is read off
+    stack: Stack | None = None
+    log: TraceLog = field(default_factory=TraceLog)     # kept where cut: what is repeated
+    last_block: dict[str, int] | None = None
+    derived: TraceDerived = field(default_factory=TraceDerived, init=False, repr=False,
+                                  compare=False)
+    # what summarize() reads from a training trace; an inference forward has none of these
+    gradient_bytes: int = 0
+    params_trainable: int = 0
+    moe_dispatch_elements: int = 0
+
+    @property
+    def flops(self) -> float:
+        return float(sum(o.flops for o in self.ops))
+
+    @property
+    def bytes_moved(self) -> float:
+        return float(sum(o.bytes for o in self.ops))
+
+    @property
+    def transient_bytes(self) -> int:
+        """Peak beyond weights and the final cache: activations, logits, cache concatenation."""
+        return max(0, self.peak_bytes - self.weight_bytes - self.kv_cache_bytes)
+
+    # --- summarize()'s view of a training trace -------------------------------------------
+    model_flops = flops
+    largest_block_param_bytes = property(lambda self: self.weight_bytes)
+    tokens_per_sample = property(lambda self: self.new_tokens)
+
+
+def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, tokens: int,
+                   dtype_bytes: int) -> int:
+    """K and V of every layer for `tokens` cached tokens (summed over sequences):
+    2 x layers x kv_heads x head_dim x tokens x bytes per element (Pope et al. 2022, sec. 2)."""
+    return 2 * layers * kv_heads * head_dim * tokens * dtype_bytes

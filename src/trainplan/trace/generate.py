@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass, field
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -36,73 +35,13 @@ from ..errors import TrainplanError
 from ..models import build_model
 from . import blocks as block_tags
 from .counters import StepCounter, event_blocks
-from .facts import TraceDerived
+from .facts import InferenceTrace
 from .log import TraceLog
-from .ops import OpRecord
 from .prepare import _materialise, compute_dtype, count_parameters, prepare_model, stored_bytes
-from .semantics import KernelSemantics, TargetSemantics
-from .stack import Stack, cut
+from .emulation import TargetSemantics
+from .semantics import KernelSemantics
+from .stack import cut
 from .tracer import _Tracker, _untraceable
-
-
-@dataclass
-class InferenceTrace:
-    """One inference forward: `batch` sequences x `new_tokens` tokens against `context` cached.
-
-    Duck-types what predict/optable.py `summarize` reads from a training Trace, so its op table and
-    op_times serve generation unchanged."""
-
-    model: str
-    batch_size: int
-    new_tokens: int
-    context: int
-    semantics: KernelSemantics
-    ops: list[OpRecord]
-    params_total: int
-    weight_bytes: int            # parameters + buffers as stored
-    kv_cache_bytes: int          # K/V held by the cache after the forward (context + new tokens)
-    peak_bytes: int              # live-memory peak during the forward (weights + cache included)
-    layers: int
-    kv_heads: int
-    head_dim: int
-    kv_dtype_bytes: int
-    trace_seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-    # traced with the stack cut (`trace_forward`'s depth): what the whole stack is read off
-    stack: Stack | None = None
-    log: TraceLog = field(default_factory=TraceLog)     # kept where cut: what is repeated
-    last_block: dict[str, int] | None = None
-    derived: TraceDerived = field(default_factory=TraceDerived, init=False, repr=False,
-                                  compare=False)
-    # what summarize() reads from a training trace; an inference forward has none of these
-    gradient_bytes: int = 0
-    params_trainable: int = 0
-    moe_dispatch_elements: int = 0
-
-    @property
-    def flops(self) -> float:
-        return float(sum(o.flops for o in self.ops))
-
-    @property
-    def bytes_moved(self) -> float:
-        return float(sum(o.bytes for o in self.ops))
-
-    @property
-    def transient_bytes(self) -> int:
-        """Peak beyond weights and the final cache: activations, logits, cache concatenation."""
-        return max(0, self.peak_bytes - self.weight_bytes - self.kv_cache_bytes)
-
-    # --- summarize()'s view of a training trace -------------------------------------------
-    model_flops = flops
-    largest_block_param_bytes = property(lambda self: self.weight_bytes)
-    tokens_per_sample = property(lambda self: self.new_tokens)
-
-
-def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, tokens: int,
-                   dtype_bytes: int) -> int:
-    """K and V of every layer for `tokens` cached tokens (summed over sequences):
-    2 x layers x kv_heads x head_dim x tokens x bytes per element (Pope et al. 2022, sec. 2)."""
-    return 2 * layers * kv_heads * head_dim * tokens * dtype_bytes
 
 
 def kv_dims(config) -> tuple[int, int, int]:

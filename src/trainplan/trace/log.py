@@ -173,3 +173,16 @@ def replay_log(log: list[Entry], sizes: dict[int, int] | None = None, timeline: 
         return {c: int(cats.get(c, 0)) for c in CATEGORIES}
     return ({k: (v[0], whole(v[1])) for k, v in peaks.items()}, (peak[0], peak[1], whole(peak[2])),
             line)
+
+
+def downsample(timeline: list[tuple[str, int]], n: int = 1500) -> list[tuple[str, int]]:
+    """At most `n` points of the live-total timeline, each the largest of its stretch (the
+    reports' chart keeps every peak)."""
+    if len(timeline) <= n:
+        return timeline
+    step = len(timeline) / n
+    out = []
+    for i in range(n):
+        chunk = timeline[int(i * step): int((i + 1) * step)] or [timeline[-1]]
+        out.append(max(chunk, key=lambda x: x[1]))
+    return out

@@ -13,20 +13,20 @@ GEMMs (`_grouped_mm`, which PyTorch has no formula for) as 2 x routed rows x in 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch.utils.flop_counter import flop_registry
 
 from . import moe
-from .shapes import ATTENTION
+from .facts import OpRecord
+from .shapes import attention_ops
 
 aten = torch.ops.aten
 
 MATMUL_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution,
               aten.convolution_backward, aten._convolution, aten.addbmm, aten.mv, aten.dot,
               aten._grouped_mm, aten._scaled_mm}     # _scaled_mm: FP8 GEMMs (trace/fp8.py)
-ATTENTION_OPS = ATTENTION      # SDPA's backends' kernels, forward and backward (shapes.py)
+ATTENTION_OPS = attention_ops()      # SDPA's backends' kernels, forward and backward
 _FLASH = {aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward}
 # ops that launch no kernel (views, aliases, metadata queries, profiler markers): no bytes moved
 VIEW_OPS = {
@@ -49,30 +49,6 @@ def op_family(packet) -> str:
     if packet in ATTENTION_OPS:
         return "attention"
     return "other"
-
-
-@dataclass
-class OpRecord:
-    """One aten op of the traced step, the unit the time model works on."""
-
-    name: str
-    family: str          # matmul | attention | other
-    phase: str           # forward | backward | optimizer
-    flops: float
-    bytes: float         # read + written
-    dtype: str           # dtype of the first floating input (what the kernel computes in)
-    module: str
-    recompute: bool = False
-    group_channels: int = 0   # convolutions: input channels per group (1 = depthwise)
-    # a cut trace's (trace/blocks.py): the share of the op's work that is the last block's, what
-    # one more block adds to it (derive/stitch.py `extend`): 1 for an op the block runs, for a
-    # multi-tensor optimizer op the block's tensors' share of its bytes, else 0
-    last_block: float = 0.0
-    # the dimensions the kernel computes over (trace/shapes.py): GEMMs, attention, list lengths
-    shape: tuple = ()
-    # ops the host dispatched since the op before that launch no kernel (views, metadata
-    # queries): CPU time the host spends before it can issue this one (predict/host.py)
-    host_ops: int = 0
 
 
 def _causal_fraction(s_q: int, s_k: int, block: int) -> float:

@@ -24,9 +24,7 @@ from typing import NamedTuple
 
 from ..errors import TrainplanError
 from . import lazy
-from .generate import trace_forward
 from .facts import Trace
-from .tracer import trace_step
 
 
 class Forward(NamedTuple):
@@ -58,7 +56,11 @@ def workers_available() -> int:
 
 def _run(request, finish: Callable | None = None, pack: bool = False) -> Trace | tuple:
     """One request traced here. `pack` (a worker's): sent back as lazy.py's bytes, whose long
-    lists the planning process unpickles only where it reads them (`_result`)."""
+    lists the planning process unpickles only where it reads them (`_result`). The tracers
+    (torch) are imported here, not with this module: a plan answered from stored traces never
+    needs them."""
+    from .generate import trace_forward
+    from .tracer import trace_step
     try:
         if isinstance(request, Forward):
             out = trace_forward(*request)

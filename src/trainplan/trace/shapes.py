@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import math
 
-import torch
-
-aten = torch.ops.aten
+import functools
 
 NN, NT, TN, TT, NHWC, NCHW = range(6)     # GEMM layout codes (see the module docstring)
 GEMM_INTS = 5                              # ints per GEMM in a shape
@@ -76,6 +74,7 @@ def _conv_dims(x, w, stride, padding, dilation, transposed, output_padding, grou
 
 
 def _conv_layout(x) -> int:
+    import torch
     return NHWC if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) else NCHW
 
 
@@ -140,6 +139,7 @@ def _attention(func, args, kwargs) -> tuple:
     q, k, v = (_named(func, args, kwargs, n) for n in ("query", "key", "value"))
     bias = _named(func, args, kwargs, "attn_bias", _named(func, args, kwargs, "attn_mask"))
     causal = bool(_named(func, args, kwargs, "is_causal", False))
+    import torch
     return (q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3],
             int(causal), int(isinstance(bias, torch.Tensor)))
 
@@ -152,39 +152,53 @@ def _foreach(args) -> tuple:
     return (len(first), sum(isinstance(a, (list, tuple)) and len(a) == len(first) for a in args))
 
 
-_GEMM = {
-    aten.mm: lambda a: _mm(a[0], a[1]),
-    aten.addmm: lambda a: _mm(a[1], a[2]),
-    aten.bmm: lambda a: _bmm(a[0], a[1]),
-    aten.baddbmm: lambda a: _bmm(a[1], a[2]),
-    aten.addbmm: lambda a: (1, a[1].shape[-2], a[2].shape[-1], a[1].shape[0] * a[1].shape[-1],
-                            _layout(a[1][0], a[2][0])),
-    aten.mv: lambda a: (1, a[0].shape[0], 1, a[0].shape[1], _layout(a[0], a[0])),
-    aten.dot: lambda a: (1, 1, 1, a[0].shape[0], NN),
-    aten.convolution: _conv,
-    aten._convolution: _conv,
-    aten.convolution_backward: _conv_backward,
-    aten._grouped_mm: _grouped,
-    aten._scaled_mm: lambda a: _mm(a[0], a[1]),          # FP8 GEMMs (trace/fp8.py)
-}
-ATTENTION = frozenset({
-    aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward,
-    aten._scaled_dot_product_efficient_attention,
-    aten._scaled_dot_product_efficient_attention_backward,
-    aten._scaled_dot_product_cudnn_attention, aten._scaled_dot_product_cudnn_attention_backward,
-    aten._scaled_dot_product_flash_attention_for_cpu,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward,
-})
+@functools.cache
+def _tables() -> tuple[dict, frozenset]:
+    """The aten ops read as GEMMs (each with how its shape is read) and the SDPA kernels,
+    forward and backward; made on first use, so a plan answered from stored traces never
+    imports torch (trace/semantics.py)."""
+    import torch
+    aten = torch.ops.aten
+    gemm = {
+        aten.mm: lambda a: _mm(a[0], a[1]),
+        aten.addmm: lambda a: _mm(a[1], a[2]),
+        aten.bmm: lambda a: _bmm(a[0], a[1]),
+        aten.baddbmm: lambda a: _bmm(a[1], a[2]),
+        aten.addbmm: lambda a: (1, a[1].shape[-2], a[2].shape[-1], a[1].shape[0] * a[1].shape[-1],
+                                _layout(a[1][0], a[2][0])),
+        aten.mv: lambda a: (1, a[0].shape[0], 1, a[0].shape[1], _layout(a[0], a[0])),
+        aten.dot: lambda a: (1, 1, 1, a[0].shape[0], NN),
+        aten.convolution: _conv,
+        aten._convolution: _conv,
+        aten.convolution_backward: _conv_backward,
+        aten._grouped_mm: _grouped,
+        aten._scaled_mm: lambda a: _mm(a[0], a[1]),          # FP8 GEMMs (trace/fp8.py)
+    }
+    attention = frozenset({
+        aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward,
+        aten._scaled_dot_product_efficient_attention,
+        aten._scaled_dot_product_efficient_attention_backward,
+        aten._scaled_dot_product_cudnn_attention, aten._scaled_dot_product_cudnn_attention_backward,
+        aten._scaled_dot_product_flash_attention_for_cpu,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    })
+    return gemm, attention
+
+
+def attention_ops() -> frozenset:
+    """SDPA's backends' kernels, forward and backward."""
+    return _tables()[1]
 
 
 def kernel_shape(func, args, kwargs) -> tuple:
     """The shape `func`'s kernel computes over (see the module docstring), () where the time
     model reads none. Never raises: an overload whose arguments do not fit gives ()."""
     packet = func._overloadpacket
+    gemm, attention = _tables()
     try:
-        if packet in _GEMM:
-            return tuple(int(x) for x in _GEMM[packet](args))
-        if packet in ATTENTION:
+        if packet in gemm:
+            return tuple(int(x) for x in gemm[packet](args))
+        if packet in attention:
             return _attention(func, args, kwargs)
         if packet.__name__.startswith("_foreach_"):
             return _foreach(args)

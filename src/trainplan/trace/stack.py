@@ -16,8 +16,10 @@ attention, Gemma-2/3, Qwen-2 with sliding windows on some layers) is not cut: `u
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch.nn as nn
+if TYPE_CHECKING:    # torch where a model is cut; a stored trace's Stack unpickles without it
+    import torch.nn as nn
 
 LOW, HIGH = 3, 4       # blocks kept in the two cut traces (derive/stitch.py)
 # Cut only stacks this deep. One 4-block trace gives the whole step where one block more is read
@@ -73,6 +75,7 @@ def _text(config):
 
 def repeated_stack(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
     """(qualified name, ModuleList) of the model's repeated blocks, or None."""
+    import torch.nn as nn
     if not uniform_layers(getattr(model, "config", None)):
         return None
     best, best_params = None, -1
@@ -96,5 +99,6 @@ def cut(model: nn.Module, blocks: int) -> Stack | None:
         return None
     name, stack = found
     parent, _, attr = name.rpartition(".")
+    import torch.nn as nn
     setattr(model.get_submodule(parent) if parent else model, attr, nn.ModuleList(stack[:blocks]))
     return Stack(name, len(stack), blocks)

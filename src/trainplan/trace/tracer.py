@@ -33,12 +33,13 @@ from . import blocks as block_tags
 from .checkpointing import apply_checkpointing
 from .counters import StepCounter, event_blocks
 from .facts import ModuleRow, Trace
-from .log import CATEGORIES, GradientMade, Mark, TraceLog
+from .log import CATEGORIES, GradientMade, Mark, TraceLog, downsample
 from .ops import OpRecord
 from .optimizers import build_optimizer
 from .prepare import (_hidden_size, _materialise, _quantized_note, _unit_bytes, compute_dtype,
                       count_parameters, dtype_split, prepare_model, stored_bytes)
-from .semantics import KernelSemantics, TargetSemantics
+from .emulation import TargetSemantics
+from .semantics import KernelSemantics
 from .stack import Stack, cut
 
 
@@ -452,15 +453,4 @@ def _subtree_sums(values) -> dict[str, float]:
         for i in range(1, len(parts) + 1):
             key = ".".join(parts[:i])
             out[key] = out.get(key, 0) + v
-    return out
-
-
-def downsample(timeline: list[tuple[str, int]], n: int = 1500) -> list[tuple[str, int]]:
-    if len(timeline) <= n:
-        return timeline
-    step = len(timeline) / n
-    out = []
-    for i in range(n):
-        chunk = timeline[int(i * step): int((i + 1) * step)] or [timeline[-1]]
-        out.append(max(chunk, key=lambda x: x[1]))
     return out

@@ -32,8 +32,7 @@ from collections import Counter
 from dataclasses import replace
 
 from ..facts import Trace
-from ..log import Alloc, Event, Free, Retag, TraceLog, replay_log
-from ..tracer import downsample
+from ..log import Alloc, Event, Free, Retag, TraceLog, downsample, replay_log
 
 
 def derivable(sem) -> bool:

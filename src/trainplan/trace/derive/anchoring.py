@@ -65,9 +65,8 @@ def loops_over_images(job) -> bool:
 
 @functools.cache
 def _loops_over_images(model: str) -> bool:
-    """Vision-language models whose inputs carry images (models/hf.py QWEN_VL_TYPES)."""
-    from ...models.hf import QWEN_VL_TYPES
-    from ...models.hf_names import load_config_dict
+    """Vision-language models whose inputs carry images (models/hf_names.py QWEN_VL_TYPES)."""
+    from ...models.hf_names import QWEN_VL_TYPES, load_config_dict
     try:
         return load_config_dict(model[3:])[0].get("model_type") in QWEN_VL_TYPES
     except Exception:          # the model build will say why

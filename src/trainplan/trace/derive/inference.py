@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ...models import stack_hint
 from .. import store
-from ..generate import InferenceTrace
+from ..facts import InferenceTrace
 from ..parallel import Forward, trace_all
 from ..stack import HIGH, MIN_BLOCKS
 from .anchoring import trace_job

@@ -23,8 +23,6 @@ import copy
 import enum
 from dataclasses import replace
 
-import torch
-
 from ..facts import Trace
 from ..semantics import KernelSemantics
 from .accumulate import derivable
@@ -40,9 +38,9 @@ class Twin(enum.Enum):
 def half_twin(job, sem: KernelSemantics) -> tuple | None:
     """(the job in bf16, its semantics) for an fp16 job (AMP or pure), else None (module
     docstring)."""
-    if sem.autocast_dtype is torch.float16 or (sem.autocast_dtype is None and job.precision.is_fp16):
+    if sem.autocast_dtype == "float16" or (sem.autocast_dtype is None and job.precision.is_fp16):
         twin = job.with_(precision=job.precision.with_compute("bf16"))
-        return twin, replace(sem, autocast_dtype=torch.bfloat16 if sem.autocast_dtype else None)
+        return twin, replace(sem, autocast_dtype="bfloat16" if sem.autocast_dtype else None)
     return None
 
 
@@ -50,7 +48,7 @@ def same_step(job, sem: KernelSemantics) -> tuple:
     """(job, sem) as traced: an fp16 AMP job whose target computes in bf16 (a TPU: XLA runs AMP
     in bf16, predict/target.py) runs the bf16 AMP job's step, ops, dtypes and all; it is traced
     as that job, so a plan traces it once for the TPU and for an fp16 GPU's bf16 twin."""
-    if sem.autocast_dtype is torch.bfloat16 and job.precision.amp and job.precision.is_fp16:
+    if sem.autocast_dtype == "bfloat16" and job.precision.amp and job.precision.is_fp16:
         return job.with_(precision=job.precision.with_compute("bf16")), sem
     return job, sem
 
@@ -82,7 +80,7 @@ def canonical(job, sem: KernelSemantics) -> tuple[object, KernelSemantics]:
 
 def attention_twin(sem: KernelSemantics) -> KernelSemantics | None:
     """The flash semantics' memory-efficient twin and back. The two part only where an SDPA
-    call can take flash (no mask, 16-bit, head dim <= 256: semantics.py `_sdpa`); a step with no
+    call can take flash (no mask, 16-bit, head dim <= 256: emulation.py `_sdpa`); a step with no
     such call (an attention bias such as ALiBi, a padding mask, fp32, no SDPA at all: CNNs) runs
     the same ops, allocations and FLOPs under either, and one trace serves both
     (`Trace.flash_eligible` == 0)."""
