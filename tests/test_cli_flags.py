@@ -293,9 +293,16 @@ def test_a_plan_answered_from_stored_traces_never_loads_pytorch(tmp_path, monkey
                    "transformer: {hidden_size: 64, num_layers: 2, num_heads: 4,\n"
                    "              intermediate_size: 128, vocab_size: 256, kind: decoder}\n"
                    "batch_size: 2\nseq_len: 32\nprecision: fp16-amp\nsteps: 100\ngpu: t4\n")
-    argv = ["plan", str(job), "--format", "json"]
+    # and a model of the user's own config.json, whose fields are checked against transformers'
+    # config class: read once, then from the cache folder (models/hf_validate.py)
+    cfg = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64,
+           "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 64}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
     monkeypatch.setenv("TRAINPLAN_TRACE_CACHE", str(tmp_path / "traces"))   # its own: cold first
-    cold, warm = _fresh(*argv), _fresh(*argv)
-    assert cold.stderr.strip().splitlines()[-1] == "True 0", cold.stderr[-500:]
-    assert warm.stderr.strip().splitlines()[-1] == "False 0", warm.stderr[-500:]
-    assert json.loads(warm.stdout) == json.loads(cold.stdout)
+    for argv in (["plan", str(job), "--format", "json"],
+                 ["plan", "--model", f"hf:{tmp_path / 'config.json'}", "--seq-len", "32",
+                  "--batch-size", "2", "--gpu", "t4", "--steps", "100", "--format", "json"]):
+        cold, warm = _fresh(*argv), _fresh(*argv)
+        assert cold.stderr.strip().splitlines()[-1] == "True 0", cold.stderr[-500:]
+        assert warm.stderr.strip().splitlines()[-1] == "False 0", warm.stderr[-500:]
+        assert json.loads(warm.stdout) == json.loads(cold.stdout)

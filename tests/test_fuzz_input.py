@@ -427,3 +427,25 @@ def test_a_model_name_too_long_for_a_path(tmp_path):
     code, err = run_cli(argv)
     assert_clean(code, err, argv)
     assert code == 2 and "Unknown model" in err
+
+
+def test_config_fields_are_read_from_transformers_once(tmp_path, monkeypatch):
+    # a local config's fields are checked against transformers' config class; the class's
+    # fields are kept in the cache folder by transformers' release, so a later run checks them
+    # without importing transformers (and PyTorch)
+    from trainplan.errors import TrainplanError
+    from trainplan.models import hf_validate
+    monkeypatch.setenv("TRAINPLAN_HOME", str(tmp_path))
+    first = hf_validate._config_fields("llama")
+    assert {"hidden_size", "num_hidden_layers", "num_attention_heads"} <= first
+    assert hf_validate._config_fields("no-such-family") is None
+    assert len(list((tmp_path / "cache").glob("*-config_fields.json"))) == 1
+
+    def unread(model_type):
+        raise AssertionError(f"read transformers again for {model_type}")
+    monkeypatch.setattr(hf_validate, "_read_config_fields", unread)
+    assert hf_validate._config_fields("llama") == first
+    assert hf_validate._config_fields("no-such-family") is None
+    with pytest.raises(TrainplanError, match="does not match the config's fields"):
+        hf_validate.check_fields_match({"model_type": "llama", "n_embd": 64, "n_layer": 2},
+                                       "config.json")

@@ -13,8 +13,10 @@ import functools
 import inspect
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 from ..errors import TrainplanError
+from ..paths import atomic_write, cache_dir
 from .hf_names import load_config_dict
 
 # Sizes that must be positive whole numbers when present. The core ones (width, depth, heads,
@@ -124,9 +126,45 @@ def _typical(key: str) -> int:
             "n_layers": 12}.get(key, 12 if "head" in key else 768)
 
 
+_FIELDS_FILE = "config_fields.json"
+
+
 def _config_fields(model_type: str) -> set[str] | None:
     """The field names (and attribute_map aliases) of transformers' config class for
-    `model_type`; None when transformers does not know it (make_config says so)."""
+    `model_type`; None when transformers does not know it (make_config says so). Kept in the
+    cache folder by transformers' release (`_fields_cache`): read from transformers, they import
+    it and PyTorch (2-3 s), on every run of a job with a local config.json, warm plans included."""
+    known, path = _fields_cache()
+    if model_type not in known:
+        fields = _read_config_fields(model_type)
+        known[model_type] = sorted(fields) if fields is not None else None
+        if path is not None:
+            try:
+                atomic_write(path, json.dumps(known, sort_keys=True))
+            except OSError:          # a cache: the next run reads transformers again
+                pass
+    fields = known[model_type]
+    return set(fields) if fields is not None else None
+
+
+def _fields_cache() -> tuple[dict, Path | None]:
+    """(model_type -> its config fields or None, the file they are kept in) for the installed
+    transformers release; ({}, None) where it cannot be told or the cache is not writable."""
+    from importlib import metadata
+    try:
+        version = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return {}, None
+    path = cache_dir() / f"{version}-{_FIELDS_FILE}"
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    return (known if isinstance(known, dict) else {}), path
+
+
+def _read_config_fields(model_type: str) -> set[str] | None:
+    """`_config_fields`, read off transformers' config class."""
     from . import hf_import
     hf_import.prepare()
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
