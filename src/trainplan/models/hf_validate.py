@@ -140,6 +140,7 @@ def _config_fields(model_type: str) -> set[str] | None:
         known[model_type] = sorted(fields) if fields is not None else None
         if path is not None:
             try:
+                path.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write(path, json.dumps(known, sort_keys=True))
             except OSError:          # a cache: the next run reads transformers again
                 pass
