@@ -43,6 +43,14 @@ class OpRecord:
     # queries): CPU time the host spends before it can issue this one (predict/host.py)
     host_ops: int = 0
 
+    def copied(self, **changes) -> OpRecord:
+        """A copy with `changes`: what copy.copy then setting them gives, a third of its time
+        (a warm plan copies hundreds of thousands of records: derive/interpolate.py, stitch.py,
+        twins.py)."""
+        out = object.__new__(type(self))
+        out.__dict__ = {**self.__dict__, **changes}
+        return out
+
 
 @dataclass
 class ModuleRow:

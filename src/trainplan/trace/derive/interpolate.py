@@ -18,7 +18,6 @@ that changes with size) b itself is traced.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 
 import numpy as np
@@ -76,8 +75,8 @@ def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False) -
         for a, b, fl, by in zip(lo.ops, hi.ops, flops.tolist(), moved.tolist()):
             r = made.get((id(a), id(b)))   # this call's copies, by the records they are made
             if r is None:      # of: a record repeated (a stitched trace's blocks) stays one
-                r = made[id(a), id(b)] = copy.copy(a)
-                r.flops, r.bytes, r.shape = fl, by, on_line(a.shape, b.shape, f)
+                r = made[id(a), id(b)] = a.copied(flops=fl, bytes=by,
+                                                  shape=on_line(a.shape, b.shape, f))
             ops.append(r)
         return ops
 

@@ -33,7 +33,6 @@ allocated peak within 1%, the required memory within the allocator replay's nois
 """
 from __future__ import annotations
 
-import copy
 import re
 from dataclasses import replace
 
@@ -127,9 +126,8 @@ def stitch(lo: Trace, hi: Trace, tagged: Trace | None = None) -> Trace | None:
     for r in hi.ops:                      # the grown ops on their line, the rest as traced
         a = grown.get(id(r))
         if a is not None:
-            r = copy.copy(r)
-            r.flops, r.bytes = line(a.flops, r.flops), line(a.bytes, r.bytes)
-            r.shape = on_line(a.shape, r.shape, f)
+            r = r.copied(flops=line(a.flops, r.flops), bytes=line(a.bytes, r.bytes),
+                         shape=on_line(a.shape, r.shape, f))
         ops.append(r)
     # the same records, not copies: nothing changes a trace's records in place (who derives one
     # copies it first: interpolate.py, twins.relabel), and an 80-block model repeats ~150 of
@@ -226,12 +224,11 @@ def extend(hi: Trace) -> Trace | None:
         if share >= 1.0:
             more.append(r)
         elif share > 0.0:
-            r0, r = r, copy.copy(r)
-            r.flops, r.bytes, r.last_block = (r.flops * (1 + share), r.bytes * (1 + share),
-                                              share / (1 + share))
             # a multi-tensor op's list grows by the last block's tensors (trace/shapes.py)
-            r.shape = (r.shape[0] + r.shape[2],) + r.shape[1:] if len(r.shape) == 3 else \
+            shape = (r.shape[0] + r.shape[2],) + r.shape[1:] if len(r.shape) == 3 else \
                 r.shape[:1] and (round(r.shape[0] * (1 + share)),) + r.shape[1:]
+            r0, r = r, r.copied(flops=r.flops * (1 + share), bytes=r.bytes * (1 + share),
+                                last_block=share / (1 + share), shape=shape)
             grown.append((r0, r))
         ops.append(r)
     pattern = _index_pattern(hi.stack.path)

@@ -19,7 +19,6 @@ tests/test_trace_sharing.py and tests/test_depth.py check each against a trace o
 """
 from __future__ import annotations
 
-import copy
 import enum
 from dataclasses import replace
 
@@ -112,9 +111,8 @@ def relabel(tr: Trace, sem: KernelSemantics) -> Trace:
     ops, made = [], {}
     for r in tr.ops:
         if r.dtype in _DTYPE_TWIN:
-            if id(r) not in made:          # a record repeated (a stitched trace's blocks: the
-                made[id(r)] = copy.copy(r)  # same object) stays one object (optable._in_order)
-                made[id(r)].dtype = _DTYPE_TWIN[r.dtype]
+            if id(r) not in made:    # a record repeated (a stitched trace's blocks: the same
+                made[id(r)] = r.copied(dtype=_DTYPE_TWIN[r.dtype])   # object) stays one object
             r = made[id(r)]
         ops.append(r)
     out = replace(tr, ops=ops, semantics=sem)
