@@ -93,8 +93,7 @@ def to_json(est: Estimate) -> dict:
         "params": {"total": tr.params_total, "trainable": tr.params_trainable},
         "flops_per_micro_batch": tr.flops_per_step,
         "kernel_semantics": {"attention": tr.semantics.attention,
-                             "autocast_dtype": str(tr.semantics.autocast_dtype).replace("torch.", "")
-                             if tr.semantics.autocast_dtype else None},
+                             "autocast_dtype": tr.semantics.autocast_dtype},
         "findings": [f.to_dict() for f in est.findings],
         "notes": list(tr.notes),
         "step_time_s": t.step_time_s,

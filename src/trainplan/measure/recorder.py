@@ -97,8 +97,7 @@ def predict(job: Job, accel_id: str) -> Predicted:
         mfu=t.mfu if t else None, peak_allocated_bytes=m.peak_allocated_bytes,
         peak_reserved_bytes=m.peak_reserved_bytes, device_used_bytes=m.device_used_bytes,
         kernel_semantics={"attention": tr.semantics.attention,
-                          "autocast_dtype": str(tr.semantics.autocast_dtype).replace("torch.", "")
-                          if tr.semantics.autocast_dtype else None},
+                          "autocast_dtype": tr.semantics.autocast_dtype},
         calibrated_step_time_s=cal.step_time_s if cal_info else None, calibration=cal_info)
 
 

@@ -13,8 +13,7 @@ def inspect_json(tr, accel) -> dict:
         "schema_version": "1.0",
         "model": tr.model,
         "semantics": {"target": accel.id, "attention": tr.semantics.attention,
-                      "autocast_dtype": str(tr.semantics.autocast_dtype).replace("torch.", "")
-                      if tr.semantics.autocast_dtype else None},
+                      "autocast_dtype": tr.semantics.autocast_dtype},
         "batch_size": tr.batch_size,
         "params": {"total": tr.params_total, "trainable": tr.params_trainable},
         "flops": tr.flops,
@@ -43,8 +42,7 @@ def inspect_text(tr, accel, depth: int = 3) -> None:
     c.print(f"[bold]{escape(tr.model)}[/bold]  batch {fmt_int(tr.batch_size)}"
             + (f" x seq {fmt_int(tr.seq_len)}" if tr.seq_len else "")
             + f"  | kernels of {accel.id}: {sem.attention} attention, "
-            + (f"autocast {str(sem.autocast_dtype).replace('torch.', '')}" if sem.autocast_dtype
-               else "no autocast")
+            + (f"autocast {sem.autocast_dtype}" if sem.autocast_dtype else "no autocast")
             + f"  | traced in {tr.trace_seconds:.2f} s")
     cols = [Col("module", key=True), Col("params", "right", priority=5),
             Col("trainable", "right", priority=2), Col("activations (saved)", "right", priority=4),

@@ -51,8 +51,7 @@ class KernelSemantics:
             object.__setattr__(self, "autocast_dtype", dtype_name(self.autocast_dtype))
 
     def key(self) -> tuple:
-        amp = f"torch.{self.autocast_dtype}" if self.autocast_dtype else "None"
-        base = (self.attention, amp, self.fused_dropout, self.channels_last,
+        base = (self.attention, self.autocast_dtype, self.fused_dropout, self.channels_last,
                 self.bnb4_keeps_input, self.efficient_gqa)
         extra = (("loop",) if not self.optimizer_foreach else ()) + \
             ((f"fp8:{self.fp8}:{int(self.fp8_transpose)}",) if self.fp8 else ())

@@ -76,7 +76,7 @@ def _loops_over_images(model: str) -> bool:
 def describe(job, sem: KernelSemantics, batch: int) -> str:
     """The progress line for one trace."""
     return (f"tracing {job.model_label} (micro-batch {batch}, {sem.attention} attention, "
-            f"{str(sem.autocast_dtype).replace('torch.', '') if sem.autocast_dtype else 'no autocast'})")
+            f"{sem.autocast_dtype or 'no autocast'})")
 
 
 def describe_forward(job, sem: KernelSemantics, batch: int, new_tokens: int, context: int) -> str:

@@ -90,7 +90,7 @@ def attention_twin(sem: KernelSemantics) -> KernelSemantics | None:
 def hint_key(job, sem: KernelSemantics) -> tuple:
     """What the cache's flash hint is kept by (cache.py `_hint`): the model and what decides its
     SDPA calls' dtype."""
-    return (job.model, job.precision.name, job.attention, str(sem.autocast_dtype),
+    return (job.model, job.precision.name, job.attention, sem.autocast_dtype,
             sem.channels_last)
 
 
