@@ -8,6 +8,7 @@ micro-batch and block.
     twins.py        steps one trace serves for two targets (`canonical`)
     stitch.py       a deep model's step from a trace cut to a few blocks
     repeat.py       a cut trace's allocations repeated over the whole stack
+    peaks.py        each phase's peak over the whole stack, off the cut trace's log
     accumulate.py   the step with gradient accumulation, off the step without it
     interpolate.py  a micro-batch between (or beyond) two traced ones
     allocator.py    PyTorch's caching allocator, replayed; replays.py its fragmentation

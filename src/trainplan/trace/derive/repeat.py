@@ -83,10 +83,20 @@ def whole_events(hi, blocks: int) -> list[Event] | None:
 
 def _repeat_plan(log: TraceLog) -> Plan | None:
     tags, events = log.blocks, log.events
-    T, P = HIGH - 1, HIGH - 2
     if tags is None or len(tags) != len(events):
         return None
-    runs = _split_turns(_runs(tags), events, T, P)
+    runs = _runs(tags)
+    plan = _plan_for(events, _split_turns(runs, events, HIGH - 1, HIGH - 2))
+    if plan is None:
+        merged = _merge_lagging_frees(runs, events)
+        if merged != runs:
+            plan = _plan_for(events, _split_turns(merged, events, HIGH - 1, HIGH - 2))
+    return plan
+
+
+def _plan_for(events, runs) -> Plan | None:
+    """The plan over `runs` (maximal runs of one block's events), or None."""
+    T, P = HIGH - 1, HIGH - 2
     template: dict[int, tuple[int, int, bool]] = {}
     counterpart: dict[int, int] = {}
     for i, (tag, start, n) in enumerate(runs):
@@ -274,6 +284,35 @@ def _runs(tags: list[int]) -> list[tuple[int, int, int]]:
             runs.append((tags[start], start, i - start))
             start = i
     return runs
+
+
+def _merge_lagging_frees(runs, events):
+    """`runs` with each run of frees alone between two runs of one other block taken into them.
+
+    An optimizer that updates parameter by parameter (torch's loop without foreach, MPS) frees a
+    parameter's temporary when Python rebinds its name in the next parameter's update: the last
+    temporary of block k-1 is freed inside block k's run, splitting it (k, k-1, k); the last
+    block's is freed inside the head's. That free is the block running's: taken into it, it
+    frees the previous block's allocation (`Recipe.FREE_PREV`) or, in the head's run, the last
+    copy's, as the whole stack's step frees it. Tried only where the runs as tagged do not
+    repeat (`_repeat_plan`), so what repeated before repeats as before. Where no parameter
+    follows the stack's (LoRA adapters only in the blocks), the last block's temporary is freed
+    as the loop ends, after its run and tagged its own: that free, one event more than the run
+    of the block before, is split off as the head's."""
+    out = list(runs)
+    i = 1
+    while i < len(out) - 1:
+        (a, sa, na), (b, sb, nb), (c, _sc, nc) = out[i - 1], out[i], out[i + 1]
+        if a == c != b and all(events[sb + m].nbytes < 0 for m in range(nb)):
+            out[i - 1:i + 2] = [(a, sa, na + nb + nc)]
+        else:
+            i += 1
+    for i in range(len(out) - 1, 0, -1):
+        (p, sp, np_), (t, st, nt) = out[i - 1], out[i]
+        if t >= 0 and p == t - 1 and nt == np_ + 1 and events[st + np_].nbytes < 0 and \
+                all(events[st + m].nbytes == events[sp + m].nbytes for m in range(np_)):
+            out[i:i + 1] = [(t, st, np_), (-1, st + np_, 1)]
+    return out
 
 
 def _split_turns(runs, events, T: int, P: int):

@@ -152,7 +152,9 @@ class Traces(Scheduling):
         such; or its stack is shallower than EXACT_BLOCKS and its allocations do not repeat
         block by block (BERT), so the whole step cannot be read off a cut trace. Both are the
         built model's, not the variant's: cutting the next rung's trace would be the same wasted
-        trace. The whole traces then asked for reuse the "cut" ones that are whole
+        trace. (A variant whose events alone did not repeat, Apple's per-parameter optimizer
+        loop, made every later trace of its model whole, Llama-3.2-1B's over every platform
+        among them, until repeat.py `_merge_lagging_frees`.) The whole traces then asked for reuse the "cut" ones that are whole
         (cache.py `_shared`)."""
         self._depths[(job.model, job.transformer)] = None
 
