@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..facts import Trace
 from ..stack import HIGH
-from .allocator import CUDA, Rules, replay
+from .allocator import CUDA, MPS, Rules, replay
 from .repeat import whole_events
 
 
@@ -73,9 +73,12 @@ def prepare(tr: Trace) -> Trace:
     """`tr` with the allocator replay a plan reads of it made and kept on it (module docstring):
     the whole stack's for a HIGH-block cut trace (tens of thousands of events for an 80-block
     model: made beside the trace, in its worker, not in the planning process), the trace's own
-    for a whole one. A LOW-block trace is never replayed."""
+    for a whole one. A LOW-block trace is never replayed. The replay is the allocator's of the
+    targets the trace is made for: Apple's (MPS) for the per-parameter optimizer loop, which
+    predict/target.py gives MPS alone; CUDA's (ROCm's and XLA's alike) for any other."""
+    rules = CUDA if tr.semantics.optimizer_foreach else MPS
     if tr.stack is None:
-        fragmentation(tr)
+        fragmentation(tr, rules)
     elif tr.stack.traced == HIGH and tr.stack.blocks > HIGH:
-        whole_fragmentation(tr)
+        whole_fragmentation(tr, rules)
     return tr

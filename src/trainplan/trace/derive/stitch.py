@@ -38,6 +38,7 @@ import re
 from dataclasses import replace
 
 from ..facts import ModuleRow, Trace
+from ..lazy import Lazy
 from ..log import CATEGORIES, TraceLog, replay_log
 from ..shapes import on_line
 from ..stack import HIGH, LOW
@@ -217,7 +218,7 @@ def extend(hi: Trace) -> Trace | None:
     * ops: a copy of each op the block runs; a multi-tensor op grows by the block's share;
     * memory: the events and memory log repeated over one more block (repeat.py `whole_log`,
       the same repetition as the allocator's replay of the whole stack), replayed for each
-      phase's peak;
+      phase's peak (read off the cut log: peaks.py; the log itself made where it is read);
     * totals, and the module table: the last block's, its rows copied as block HIGH.
 
     tests/test_depth.py checks it against a real trace cut to HIGH + 1 blocks, field by field.
@@ -226,10 +227,14 @@ def extend(hi: Trace) -> Trace | None:
     if hi.stack is None or hi.stack.traced != HIGH or hi.last_block is None or \
             hi.expert_param_bytes or hi.moe_dispatch_elements:
         return None
-    log = whole_log(hi, HIGH + 1)
-    if log is None:
-        return None
-    phase_peaks = replay_log(log)[0]
+    phase_peaks = whole_peaks(hi.log, HIGH + 1)      # read off the cut log (peaks.py), and
+    if phase_peaks is not None:                     # the log written only where it is read
+        log = Lazy(lambda: whole_log(hi, HIGH + 1) or [])
+    else:
+        log = whole_log(hi, HIGH + 1)
+        if log is None:
+            return None
+        phase_peaks = replay_log(log)[0]
     if phase_peaks.keys() != hi.phase_peaks.keys():
         return None
     peak_phase = max(phase_peaks, key=lambda ph: phase_peaks[ph][0])
