@@ -199,3 +199,29 @@ def test_a_model_that_cannot_be_read_off_a_cut_trace_is_traced_whole_once(monkey
     traces.in_rounds([lambda: traces.at(ckpt, EFFICIENT, 5)])
     assert traces.traced == made[1]
     assert not traces._cuts(ckpt, EFFICIENT) and traces.traced_batches(ckpt, EFFICIENT) == [2, 32]
+
+
+def test_a_paged_optimizer_reads_its_unpaged_twins_trace(monkeypatch):
+    """paged-adamw-8bit runs adamw-8bit's step (the same builder and options: optimizer.py
+    `traced_as`): one trace serves both, and only where the states live differs."""
+    from trainplan.optimizer import ADAMW_8BIT, PAGED_ADAMW_8BIT, traced_as
+    from trainplan.trace.derive import trace_job
+    from trainplan.trace.tracer import trace_step
+    monkeypatch.setenv("TRAINPLAN_JOBS", "1")
+    assert traced_as(PAGED_ADAMW_8BIT) is ADAMW_8BIT and traced_as(ADAMW_8BIT) is ADAMW_8BIT
+    job = tiny_job(precision="bf16-amp")
+    paged, plain = job.with_(optimizer="paged-adamw-8bit"), job.with_(optimizer="adamw-8bit")
+    assert trace_job(paged) == trace_job(plain)
+    # what it replaces: the paged step traced as itself is the same step
+    own = trace_step(paged, EFFICIENT, 2)
+    assert _same_step(own, trace_step(plain, EFFICIENT, 2))
+    assert own.optimizer_state_bytes > 0
+    a100 = get_accelerator("a100-80gb")
+    traces = Traces()
+    a = evaluate(paged, a100, traces=traces, strict=False)
+    n = traces.traced
+    b = evaluate(plain, a100, traces=traces, strict=False)
+    assert traces.traced == n and a.trace is b.trace
+    assert a.time.step_time_s == b.time.step_time_s
+    # the paged states are outside what must fit (predict/memory.py)
+    assert a.memory.required_bytes < b.memory.required_bytes

@@ -72,6 +72,15 @@ ALL: tuple[Optimizer, ...] = (ADAMW, ADAM, SGD, SGD_MOMENTUM, ADAFACTOR, ADAMW_8
 NAMES = tuple(o.name for o in ALL)
 
 
+def traced_as(opt: Optimizer) -> Optimizer:
+    """The optimizer whose step a trace of `opt` runs: the first of ALL with its builder and
+    options. The tracer builds an optimizer from those alone (trace/optimizers.py), so a paged
+    optimizer's step is its unpaged twin's (paged-adamw-8bit: adamw-8bit's), which one trace
+    serves (trace/derive/anchoring.py `trace_job`); where its states live is the memory model's
+    (`paged`, predict/memory.py)."""
+    return next((o for o in ALL if o.builder == opt.builder and o.options == opt.options), opt)
+
+
 def parse(value, where: str = "--optimizer") -> Optimizer:
     """A spelling -> its Optimizer (case and `_`/`-` ignored); TrainplanError with the names
     otherwise."""

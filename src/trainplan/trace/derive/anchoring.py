@@ -1,11 +1,12 @@
 """Which job a trace is of, and which micro-batches are traced.
 
-A trace depends on the model, shapes, precision, optimizer, checkpointing, LoRA/quantisation and
-on whether gradients are accumulated (with accumulation a second micro-batch runs with gradients
-live), but not on the device count, strategy, offload or accelerator memory: memory and timing
-apply those afterwards. So the job a trace is of (`trace_job`) drops the fields that do not
-change the traced step and folds every grad_accum > 1 into 2 (the tracer runs two micro-batches
-for any accumulation).
+A trace depends on the model, shapes, precision, optimizer (the step it runs), checkpointing,
+LoRA/quantisation and on whether gradients are accumulated (with accumulation a second
+micro-batch runs with gradients live), but not on the device count, strategy, offload,
+accelerator memory or where a paged optimizer's states live: memory and timing apply those
+afterwards. So the job a trace is of (`trace_job`) drops the fields that do not change the traced
+step, names the optimizer by the step it runs and folds every grad_accum > 1 into 2 (the tracer
+runs two micro-batches for any accumulation).
 
 Real traces are made at micro-batch 1 and at two anchors, 2 and 32; every other micro-batch is
 read off the line through the anchors (interpolate.py: every op's work and every allocation is
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import functools
 
+from ...optimizer import traced_as
 from ...strategy import SINGLE
 from ..semantics import KernelSemantics
 
@@ -31,10 +33,13 @@ _UNTRACED = dict(gpus=1, strategy=SINGLE, offload="none", gpu=None, platforms=()
 
 
 def trace_job(job):
-    """The job as the tracer sees it: untraced fields reset, grad_accum folded to 1 or 2, and of
-    the algorithm only what changes the traced step (DPO's two sequences per sample)."""
+    """The job as the tracer sees it: untraced fields reset, grad_accum folded to 1 or 2, of
+    the algorithm only what changes the traced step (DPO's two sequences per sample), and the
+    optimizer as the step it runs (a paged one's is its unpaged twin's: optimizer.py
+    `traced_as`)."""
     return job.with_(grad_accum=1 if job.grad_accum <= 1 else 2,
-                     algorithm="dpo" if job.algorithm == "dpo" else "sft", **_UNTRACED)
+                     algorithm="dpo" if job.algorithm == "dpo" else "sft",
+                     optimizer=traced_as(job.optimizer), **_UNTRACED)
 
 
 def anchors(job) -> tuple[int, int]:
