@@ -97,9 +97,24 @@ class TraceLog:
                        else (type(e),) + tuple(e) for e in self.memory)
         return Structure((memory, tuple(self.blocks) if self.blocks is not None else None))
 
+    @functools.cached_property
+    def by_event(self) -> tuple[list, dict[int, list]]:
+        """(the Alloc and Free entries of `memory`, one per event in order; {event index: the
+        entries after it before the next, -1 for those before the first}): what a replay over
+        the events reads (derive/peaks.py)."""
+        entry: list = []
+        after: dict[int, list] = {}
+        for ent in self.memory:
+            if type(ent) is Alloc or type(ent) is Free:
+                entry.append(ent)
+            else:
+                after.setdefault(len(entry) - 1, []).append(ent)
+        return entry, after
+
     def __getstate__(self):
         state = dict(self.__dict__)
         state.pop("structure", None)          # memos: made again where they are read
+        state.pop("by_event", None)
         state["repeat_plan"] = []
         return state
 

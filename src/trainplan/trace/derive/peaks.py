@@ -24,7 +24,7 @@ tensor in one): the caller then replays the whole log.
 """
 from __future__ import annotations
 
-from ..log import CATEGORIES, Alloc, Free, PhasePeaks, Reset, Retag, TraceLog
+from ..log import CATEGORIES, Alloc, PhasePeaks, Reset, Retag, TraceLog
 from ..stack import HIGH
 from .repeat import Plan, plan_of
 
@@ -35,12 +35,7 @@ def whole_peaks(hl: TraceLog, blocks: int) -> PhasePeaks | None:
     plan = plan_of(hl)
     if plan is None or blocks <= HIGH:
         return None
-    entry, after = [], {}
-    for ent in hl.memory:
-        if type(ent) is Alloc or type(ent) is Free:
-            entry.append(ent)
-        else:
-            after.setdefault(len(entry) - 1, []).append(ent)
+    entry, after = hl.by_event
     if len(entry) != len(hl.events):
         return None
     state = _State(blocks - HIGH + 1)
@@ -109,19 +104,24 @@ class _State:
         """A run outside the template's, as traced; a free of a template tensor frees the last
         copy's, or every copy's where every block's is freed here (module docstring)."""
         every = plan.every.get(i, {})
+        held, by_cat, peaks, pos, T = self.held, self.by_cat, self.peaks, plan.pos, HIGH - 1
         for e in range(start, start + n):
             ent = entry[e]
-            if type(ent) is Alloc:
-                self._alloc(ent)
-                self._peak(ent.phase, self.live, self.by_cat)
+            if type(ent) is Alloc:         # `_alloc` and `_peak`, inline: most of the events
+                serial, nbytes, cat, phase = ent
+                held[serial] = [nbytes, cat]
+                self.live += nbytes
+                by_cat[cat] = by_cat.get(cat, 0) + nbytes
+                if self.live > peaks.get(phase, (-1,))[0]:
+                    peaks[phase] = (self.live, dict(by_cat))
             else:
-                where = plan.pos.get(ent.serial)
+                where = pos.get(ent.serial)
                 copies = 0
-                if where is not None and where[0] == HIGH - 1 and where[1:] in every:
+                if where is not None and where[0] == T and where[1:] in every:
                     copies = self.extra.pop(ent.serial, 0)
                 if not self._free(ent.serial, copies):
                     return False
-            if not self.between(after.get(e, ()), plan):
+            if e in after and not self.between(after[e], plan):
                 return False
         return True
 
