@@ -86,6 +86,10 @@ class TraceLog:
     # until made, then [the plan or None]; one list shared with the logs of the same step at
     # other micro-batches read off this one (derive/interpolate.py), as they repeat alike
     repeat_plan: list = field(default_factory=list, compare=False, repr=False)
+    # a log read off another at other allocation sizes (an interpolated trace's:
+    # derive/interpolate.py): (that log, serial -> bytes here), so that a replay reads that
+    # log's entries with these sizes without making this one's (derive/peaks.py)
+    resized: tuple | None = field(default=None, compare=False, repr=False)
 
     @functools.cached_property
     def structure(self) -> "Structure":
@@ -111,10 +115,18 @@ class TraceLog:
                 after.setdefault(len(entry) - 1, []).append(ent)
         return entry, after
 
+    @functools.cached_property
+    def peaks_memo(self) -> dict:
+        """Stack depth -> each phase's peaks over a whole stack of that many blocks, read off this
+        (cut) log (derive/peaks.py), or None."""
+        return {}
+
     def __getstate__(self):
         state = dict(self.__dict__)
         state.pop("structure", None)          # memos: made again where they are read
         state.pop("by_event", None)
+        state.pop("peaks_memo", None)
+        state["resized"] = None
         state["repeat_plan"] = []
         return state
 

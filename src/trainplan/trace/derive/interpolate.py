@@ -103,7 +103,7 @@ def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False) -
     # the same step: what repeats where over a whole stack is hi's (repeat.py); so are its
     # blocks, marks and gradients, at the interpolated sizes
     tl = TraceLog(log, events, hi.log.blocks, hi.log.marks, hi.log.gradients, timeline,
-                  repeat_plan=hi.log.repeat_plan)
+                  repeat_plan=hi.log.repeat_plan, resized=(lo.log, sizes))
     return replace(
         hi, batch_size=batch, ops=ops, log=tl, phase_peaks=phase_peaks,
         peak_phase=peak_phase, peak_allocated_bytes=phase_peaks[peak_phase][0],

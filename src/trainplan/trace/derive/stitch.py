@@ -227,8 +227,10 @@ def extend(hi: Trace) -> Trace | None:
     if hi.stack is None or hi.stack.traced != HIGH or hi.last_block is None or \
             hi.expert_param_bytes or hi.moe_dispatch_elements:
         return None
-    phase_peaks = whole_peaks(hi.log, HIGH + 1)      # read off the cut log (peaks.py), and
-    if phase_peaks is not None:                     # the log written only where it is read
+    # each phase's peak read off the cut log, the whole stack's in the same pass (peaks.py, for
+    # `stitch`), and the 5-block log written only where it is read
+    phase_peaks = whole_peaks(hi.log, HIGH + 1, also=(hi.stack.blocks,))
+    if phase_peaks is not None:
         log = Lazy(lambda: whole_log(hi, HIGH + 1) or [])
     else:
         log = whole_log(hi, HIGH + 1)
