@@ -265,3 +265,26 @@ def test_stack_needs_alike_blocks():
     assert (stack.blocks, stack.traced, len(alike.blocks)) == (n, 3, 3)
     assert cut(Net([16] * (n - 1) + [32]), 3) is None      # one block differs
     assert cut(Net([16] * (n - 1)), 3) is None             # too shallow to cut
+
+
+def test_peaks_read_off_an_interpolated_cut_trace_are_its_whole_logs():
+    """derive/peaks.py reads an interpolated trace's log through its anchor's entries at its
+    own sizes (TraceLog.resized), one block more and the whole stack in one pass: each is the
+    replay of the whole stack's log written at those sizes (repeat.py `whole_log`)."""
+    from trainplan.trace.derive.interpolate import trace_between
+    from trainplan.trace.derive.peaks import whole_peaks
+    from trainplan.trace.derive.repeat import whole_log
+    from trainplan.trace.log import replay_log
+    from trainplan.trace.stack import HIGH
+    from trainplan.predict.target import semantics_for
+    from trainplan.trace.derive import trace_job
+    from trainplan.trace.tracer import trace_step
+    job = trace_job(LLAMA.with_(lora=Lora()))
+    sem = semantics_for(job, get_accelerator("a100-80gb"))
+    lo, hi = trace_step(job, sem, 2, depth=HIGH), trace_step(job, sem, 8, depth=HIGH)
+    for batch, beyond in ((5, False), (20, True)):
+        tr = trace_between(lo, hi, batch, extrapolate=beyond)
+        assert tr.log.resized is not None
+        for blocks in (HIGH + 1, 16):
+            fast = whole_peaks(tr.log, blocks, also=(HIGH + 1, 16))
+            assert fast is not None and fast == replay_log(whole_log(tr, blocks))[0]
