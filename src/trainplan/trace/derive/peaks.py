@@ -178,8 +178,7 @@ class _State:
                     best[ent.phase] = (rel, {c: v - cats0.get(c, 0)
                                              for c, v in self.cats.items()})
             else:
-                rec = self.held.get(ent.serial)
-                if rec is None or not self._free(ent.serial):
+                if not self._free(ent.serial):
                     return False
                 if (i, m) in plan.relation:   # (an empty free is none: repeat.py `_emit`)
                     _kind, run, pos = plan.relation[(i, m)][:3]

@@ -371,13 +371,7 @@ def _whole_log(hl: TraceLog, blocks: int) -> tuple[list, list[int | None]] | Non
         return None
     src: list[tuple[int, int]] = []
     events = _emit(hl.events, plan, blocks, src)
-    entry: list = []
-    after: dict[int, list] = {}
-    for ent in hl.memory:
-        if type(ent) is Alloc or type(ent) is Free:
-            entry.append(ent)
-        else:
-            after.setdefault(len(entry) - 1, []).append(ent)
+    entry, after = hl.by_event
     if len(entry) != len(hl.events):
         return None
     T = HIGH - 1

@@ -168,18 +168,26 @@ def _peaks_replayed(out: Trace, tagged: Trace, L: int) -> Trace:
     peak at two different places (module docstring) and, category by category, a split that no
     point of the step has (Llama-3.2-1B, s1024 b1, memory-efficient attention: a backward peak
     of 22.7 GB whose categories summed to 55 GB; the full trace's is 24.4 GB)."""
-    peaks = whole_peaks(tagged.log, L)      # the same, read off the cut log (peaks.py)
-    if peaks is None:
-        log = whole_log(tagged, L)
-        if log is None:
-            return out
-        peaks = replay_log(log)[0]
-    if peaks.keys() != out.phase_peaks.keys():
+    found = _stack_peaks(tagged, L)
+    if found is None or found[0].keys() != out.phase_peaks.keys():
         return out
+    peaks = found[0]
     peak_phase = max(peaks, key=lambda ph: peaks[ph][0])
     return replace(out, phase_peaks=peaks, peak_phase=peak_phase,
                    peak_allocated_bytes=peaks[peak_phase][0],
                    peak_breakdown_bytes=dict(peaks[peak_phase][1]))
+
+
+def _stack_peaks(tr: Trace, blocks: int, also: tuple[int, ...] = ()) -> tuple | None:
+    """(each phase's peaks by category over a stack of `blocks` blocks, its memory log) from
+    the HIGH-block trace `tr`, or None where its events do not repeat: the peaks read off the
+    cut log (peaks.py; `also`, other depths read in the same pass) and the log written only
+    where it is read, else the whole log written and replayed (repeat.py `whole_log`)."""
+    peaks = whole_peaks(tr.log, blocks, also)
+    if peaks is not None:
+        return peaks, Lazy(lambda: whole_log(tr, blocks) or [])
+    log = whole_log(tr, blocks)
+    return None if log is None else (replay_log(log)[0], log)
 
 
 def _on_line(lo: Trace, hi: Trace, line) -> dict:
@@ -227,18 +235,11 @@ def extend(hi: Trace) -> Trace | None:
     if hi.stack is None or hi.stack.traced != HIGH or hi.last_block is None or \
             hi.expert_param_bytes or hi.moe_dispatch_elements:
         return None
-    # each phase's peak read off the cut log, the whole stack's in the same pass (peaks.py, for
-    # `stitch`), and the 5-block log written only where it is read
-    phase_peaks = whole_peaks(hi.log, HIGH + 1, also=(hi.stack.blocks,))
-    if phase_peaks is not None:
-        log = Lazy(lambda: whole_log(hi, HIGH + 1) or [])
-    else:
-        log = whole_log(hi, HIGH + 1)
-        if log is None:
-            return None
-        phase_peaks = replay_log(log)[0]
-    if phase_peaks.keys() != hi.phase_peaks.keys():
+    # the whole stack's peaks read in the same pass, for `stitch`
+    found = _stack_peaks(hi, HIGH + 1, also=(hi.stack.blocks,))
+    if found is None or found[0].keys() != hi.phase_peaks.keys():
         return None
+    phase_peaks, log = found
     peak_phase = max(phase_peaks, key=lambda ph: phase_peaks[ph][0])
     ops, more, grown = [], [], []
     flops = {ph: dict(v) for ph, v in hi.flops.items()}
