@@ -18,7 +18,8 @@ figure that matches what was measured (validation/PROVENANCE.md, "Memory rows"):
             was measured): "Peak Memory Active" -> peak_allocated_bytes.
   torchtitan Llama 3.1 8B, FSDP2 bf16 mixed precision, selective (op) AC, bs 2 seq 8192, on 8
             and 128 H100: max reserved over ranks -> peak_reserved_bytes (rows without
-            torch.compile or Float8 only).
+            torch.compile or Float8 only), with expandable segments, as torchtitan's launcher
+            (run_llama_train.sh @9dec370) sets PYTORCH_CUDA_ALLOC_CONF.
   timm      RTX 3090 (24 GB) AMP train benchmark, torch 1.12 + CUDA 11.3 (runtime torch1.12),
             NCHW, SGD-momentum, eager attention (timm 0.6 composed attention itself; fused SDPA
             came in timm 0.9, 2023):
@@ -244,7 +245,10 @@ def llm_cases() -> tuple[list[Case], list[NotCovered]]:
             n = int(r["num_gpus"])
             job = dict(model="hf:meta-llama/Llama-3.1-8B", batch_size=int(r["batch_size"]),
                        seq_len=int(r["seq_len"]), precision="bf16-amp", optimizer="adamw",
-                       grad_checkpointing="selective", strategy="fsdp", gpus=n)
+                       grad_checkpointing="selective", strategy="fsdp", gpus=n,
+                       # torchtitan's launcher (run_llama_train.sh at 9dec370) runs with
+                       # PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True"
+                       expandable_segments=True)
             cases.append(Case("torchtitan", f"Llama 3.1 8B FSDP x{n} selective AC bs 2 s 8192",
                               job, "h100-sxm", "torch2", "peak_reserved_bytes",
                               float(r["value"]) * GIB, "max reserved over ranks",

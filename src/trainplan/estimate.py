@@ -83,6 +83,7 @@ def to_json(est: Estimate) -> dict:
             "peak_phase": m.peak_phase,
             "breakdown_bytes": m.breakdown_bytes,
             "gpu0_extra_bytes": m.gpu0_extra_bytes,
+            "allocator": m.allocator,
         },
         "host_ram_bytes": m.host_ram_bytes,
         "max_batch_size": est.max_batch_size,

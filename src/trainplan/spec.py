@@ -78,6 +78,10 @@ class Job:
     frozen_half: str = "none"            # frozen parameters in 16 bits under AMP (FROZEN_HALF)
     moe_capacity_factor: float | None = None  # None: dropless, uniform routing (trace/moe.py)
     channels_last: bool = False
+    # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where the job runs (torchtitan's launcher
+    # sets it): CUDA's allocator grows one segment instead of caching one per request
+    # (trace/derive/expandable.py)
+    expandable_segments: bool = False
     frozen: tuple[str, ...] = ()         # module-name prefixes whose parameters are frozen
     gpu: str | None = None
     gpus: int = 1

@@ -73,6 +73,9 @@ def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) ->
     g.add_argument("--beta", type=float, help="grpo/ppo: KL coefficient; > 0 runs the reference "
                                               "model (default 0)")
     g.add_argument("--channels-last", action="store_true", default=None)
+    g.add_argument("--expandable-segments", action="store_true", default=None,
+                   help="the job runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+                        "(CUDA's allocator then grows one segment; less reserved memory)")
     g.add_argument("--task", choices=TASKS + ("generate",),
                    help="the model's training task; `estimate --task generate`: inference only "
                         "(prefill + decode of --batch-size sequences, --prompt-len + "
@@ -105,7 +108,7 @@ _MAP = {"gpu": "gpu", "gpus": "gpus", "strategy": "strategy", "offload": "offloa
         "grad_checkpointing": "grad_checkpointing", "checkpoint_impl": "checkpoint_impl",
         "attention": "attention",
         "quantize": "quantize", "frozen_half": "frozen_half", "channels_last": "channels_last",
-        "task": "task",
+        "expandable_segments": "expandable_segments", "task": "task",
         "moe_capacity_factor": "moe_capacity_factor", "expert_parallel": "expert_parallel",
         "algorithm": "algorithm"}
 _ROLLOUT_FLAGS = {"generations": "generations", "prompt_len": "prompt_len",

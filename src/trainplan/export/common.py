@@ -100,6 +100,7 @@ class Launch:
     output_file_limit: int | None
     keep_checkpoints: int | None          # N such that N + 1 fit the disk and file limits
     changes: tuple[str, ...]
+    expandable_segments: bool = False     # the plan's memory assumes CUDA's expandable segments
     script: str = "train.py"
     script_args: tuple[str, ...] = ()
     schema_version: str = ""
@@ -150,6 +151,8 @@ class Launch:
             e["TRAINPLAN_IDLE_TIMEOUT_S"] = f"{self.idle_timeout_s:.0f}"
         if self.keep_checkpoints:
             e["TRAINPLAN_KEEP_CHECKPOINTS"] = str(self.keep_checkpoints)
+        if self.expandable_segments:     # what the plan's memory was replayed with
+            e["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         return e
 
     def script_command(self) -> list[str]:
@@ -202,6 +205,7 @@ def launch_from_plan(plan, pp, job, job_file: str | None = None, script: str = "
                 "(`trainplan plan JOB` lists them)")
     from ..accelerators import get_accelerator
     from ..predict.comm import DEVICES_PER_NODE
+    from ..trace.derive.allocator import rules_for
     accel = get_accelerator(pp.accelerator_id)
     kept = kept_settings(pp)
     devices = pp.devices
@@ -236,6 +240,7 @@ def launch_from_plan(plan, pp, job, job_file: str | None = None, script: str = "
         disk_bytes=st.disk_bytes if st else None,
         output_file_limit=st.output_file_limit if st else None, keep_checkpoints=keep,
         changes=tuple(pp.changes), script=script, script_args=tuple(script_args),
+        expandable_segments=rules_for(accel.backend, job.expandable_segments).expandable,
         schema_version=plan.schema_version, plan_json=_plain(pp))
 
 

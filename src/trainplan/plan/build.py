@@ -182,9 +182,13 @@ def _recommendation(best: PlatformPlan | None, ranked: list[PlatformPlan]) -> st
 def _assumptions(job) -> dict:
     from . import sessions as ses
     from .rank import VALUE_OF_TIME_USD_PER_H
-    return {"session_overhead_s": (ses.DEFAULT_SESSION_OVERHEAD_S if job.session_overhead_s is None
-                                   else float(job.session_overhead_s)),
-            "checkpoint_every_max_s": ses.CHECKPOINT_EVERY_S,
-            "value_of_time_usd_per_h": VALUE_OF_TIME_USD_PER_H,
-            "quota": "run starts right after a weekly quota reset; sessions back to back"}
+    out = {"session_overhead_s": (ses.DEFAULT_SESSION_OVERHEAD_S if job.session_overhead_s is None
+                                  else float(job.session_overhead_s)),
+           "checkpoint_every_max_s": ses.CHECKPOINT_EVERY_S,
+           "value_of_time_usd_per_h": VALUE_OF_TIME_USD_PER_H,
+           "quota": "run starts right after a weekly quota reset; sessions back to back"}
+    if job.expandable_segments:     # memory replayed with them where the GPU's allocator has them
+        out["allocator"] = "expandable segments on CUDA (PYTORCH_CUDA_ALLOC_CONF=" \
+                           "expandable_segments:True, set by the exported launch)"
+    return out
 

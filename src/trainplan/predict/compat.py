@@ -9,7 +9,8 @@ target cannot run with the rule's reason (8-bit AdamW or QLoRA on a TPU, ZeRO on
 Facts: bf16 needs sm80+ (CUDA bf16 arithmetic; NVIDIA A100 whitepaper); FlashAttention-2 needs sm80+
 (Dao-AILab/flash-attention README); bitsandbytes and DeepSpeed offload need CUDA (or ROCm);
 DataParallel is `torch.nn.DataParallel`, CUDA-only; TPUs compute autocast in bf16 (torch_xla AMP
-docs).
+docs); expandable segments need CUDA's driver API (CUDACachingAllocator.cpp compiles them out on
+ROCm; MPS and XLA have allocators of their own).
 By backend (data/SOURCES.md S111-S113, S116): FP8 training needs FP8 tensor cores (Ada, Hopper,
 Blackwell; AMD CDNA3+) and a CUDA or ROCm build -- Transformer Engine's recipes are NVIDIA's
 (torchao's float8 "supports both NVIDIA and AMD hardware", its training docs), MXFP8 needs
@@ -184,6 +185,11 @@ RULES: tuple[Rule, ...] = (
                       "macOS and the Python process (host RAM) use the rest.",
          lambda j, a: "to let it use more: sudo sysctl iogpu.wired_limit_mb=<MiB> (leave room "
                       "for macOS and Python)", kind="advice"),
+    Rule("expandable-segments-cuda-only", "info",
+         lambda j, a: j.expandable_segments and a.backend != "cuda",
+         lambda j, a: f"expandable segments are a setting of CUDA's caching allocator; "
+                      f"{a.backend} runs without them (planned with its own allocator).",
+         lambda j, a: None, kind="advice"),
     Rule("pure-half-no-master-weights", "info",
          lambda j, a: j.precision.pure_half,
          lambda j, a: f"{j.precision.label}: small updates can round away.",

@@ -106,7 +106,8 @@ def memory_at(job, accel: Accelerator, traces: Traces, sem, batch: int
     so memory is non-decreasing in the micro-batch."""
     tr, interpolated = traces.at(job, sem, batch)
     lo, hi = anchors(job)
-    rules = rules_for(accel.backend)     # the backend's allocator (trace/derive/allocator.py)
+    # the backend's allocator, as the job configures it (trace/derive/allocator.py)
+    rules = rules_for(accel.backend, job.expandable_segments)
     if batch <= lo:        # the line starts at lo: the larger anchor is not needed (nor traced)
         frag = fragmentation(traces.exact(job, sem, lo), rules)
     else:

@@ -90,6 +90,7 @@ class MemoryEstimate:
     floor_bytes: int = 0
     overhead_bytes: int = 0               # the runtime outside the allocator (context, NCCL)
     band: bands.Band | None = None        # the verdict's error band (bands.py)
+    allocator: str = "cuda"               # the allocator model replayed (allocator.py Rules)
 
     @property
     def fits(self) -> bool:
@@ -312,7 +313,8 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
     paged = best["optimizer_states"] if paged_states else 0
     allocated -= paged
     # the single-device replay's fragmentation, scaled to what this strategy's device holds
-    frag = frag or fragmentation(trace, rules_for(accel.backend))
+    rules = rules_for(accel.backend, job.expandable_segments)
+    frag = frag or fragmentation(trace, rules)
     share = allocated / trace.peak_allocated_bytes if trace.peak_allocated_bytes else 1.0
     reserved = allocated + int(frag.reserved * min(1.0, share)) + held_extra
     needed = allocated + int(frag.pinned * min(1.0, share)) + held_extra
@@ -342,7 +344,8 @@ def estimate_memory(trace: Trace, accel: Accelerator, job, rt: Runtime | None = 
         host_ram_bytes=_host_ram(trace, job, accel), gpu0_extra_bytes=gpu0_extra,
         held_bytes=reserved + gpu0_extra + overhead,      # paged states never cause an OOM
         floor_bytes=fixed + overhead, overhead_bytes=overhead,
-        band=bands.band_for(job, accel, moe=bool(trace.expert_param_bytes)))
+        band=bands.band_for(job, accel, moe=bool(trace.expert_param_bytes)),
+        allocator=rules.name)
 
 
 def _output_bytes(trace: Trace) -> int:

@@ -31,6 +31,9 @@ def estimate_text(est) -> None:
             f"micro-batch {fmt_int(job.batch_size)}" + (f" x {fmt_int(tr.seq_len)} tokens" if tr.seq_len else "")
             + f", {job.optimizer}: {verdict}")
     c.print(f"precision: {job.precision.label}")
+    if m.allocator == "cuda-expandable":
+        c.print("allocator: expandable segments (PYTORCH_CUDA_ALLOC_CONF="
+                "expandable_segments:True)")
     c.print(f"parameters {fmt_count(tr.params_total)} ({fmt_count(tr.params_trainable)} trainable)")
     c.print(bytes_table("memory per device (GiB = 2^30 bytes)", [
         *((key_label(k), v) for k, v in m.breakdown_bytes.items()),

@@ -61,16 +61,29 @@ class Rules:
     round_large: int = ROUND_LARGE        # a bigger request's own segment rounds to this
     xlarge_segment: int = 0               # MPS: requests under half of it share a heap this size
     split_large: int = SMALL_SIZE         # a large-pool block splits when more than this is left
+    expandable: bool = False              # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
 
 CUDA = Rules("cuda")          # and ROCm: the same allocator, hipified
+CUDA_EXPANDABLE = Rules("cuda-expandable", expandable=True)   # expandable.py
 MPS = Rules("mps", min_block=16 * KB, small_segment=8 * MB, large_segment=32 * MB,
             xlarge_segment=1024 * MB, split_large=16 * KB)
 
 
-def rules_for(backend: str) -> Rules:
-    """The allocator model of a catalog backend (cuda, rocm, mps, xla)."""
-    return MPS if backend == "mps" else CUDA
+def rules_for(backend: str, expandable: bool = False) -> Rules:
+    """The allocator model of a catalog backend (cuda, rocm, mps, xla); `expandable`: the job
+    sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which CUDA's allocator honours
+    (expandable.py; ROCm's build of PyTorch compiles expandable segments out, MPS has none)."""
+    if backend == "mps":
+        return MPS
+    return CUDA_EXPANDABLE if expandable and backend == "cuda" else CUDA
+
+
+def _model(limit_bytes: int | None, rules: Rules):
+    if rules.expandable:
+        from .expandable import ExpandableAllocatorModel
+        return ExpandableAllocatorModel(limit_bytes)
+    return CachingAllocatorModel(limit_bytes, rules)
 
 
 @dataclass
@@ -217,7 +230,7 @@ def replay(events: list[tuple[int, int]], rules: Rules = CUDA) -> tuple[int, int
     """(peak allocated, peak reserved, peak pinned) bytes for a traced alloc(+)/free(-) event
     stream. Pinned: segments that hold at least one live block, the part of the reserved memory
     the allocator could not give back at that moment."""
-    model = CachingAllocatorModel(rules=rules)
+    model = _model(None, rules)
     malloc, free = model.malloc, model.free
     for key, nbytes in events:
         if nbytes > 0:
@@ -231,7 +244,7 @@ def replay_within(events: list[tuple[int, int]], limit_bytes: int,
                   rules: Rules = CUDA) -> tuple[int, bool]:
     """(peak reserved, out of memory?) replaying `events` on a device with `limit_bytes` free for
     the allocator, cached segments released and the request retried when a cudaMalloc would fail."""
-    model = CachingAllocatorModel(limit_bytes, rules)
+    model = _model(limit_bytes, rules)
     for key, nbytes in events:
         if nbytes > 0:
             model.malloc(key, nbytes)
