@@ -288,3 +288,38 @@ def test_peaks_read_off_an_interpolated_cut_trace_are_its_whole_logs():
         for blocks in (HIGH + 1, 16):
             fast = whole_peaks(tr.log, blocks, also=(HIGH + 1, 16))
             assert fast is not None and fast == replay_log(whole_log(tr, blocks))[0]
+
+
+def test_a_stored_cut_trace_keeps_its_whole_stack_peaks(monkeypatch):
+    """The peaks a plan reads of a cut trace (one block more, the whole stack: stitch.py) are
+    read where the trace is made (replays.py `prepare`) and pickled with its log, as the trace
+    store and a worker send it: a plan from stored traces reads them without reading the log
+    again, and they are the whole log's replay. An interpolated log's are not kept."""
+    import pickle
+    from trainplan.trace import lazy
+    from trainplan.trace.derive import peaks as peaks_mod
+    from trainplan.trace.derive.interpolate import trace_between
+    from trainplan.trace.derive.replays import prepare
+    from trainplan.trace.derive.repeat import whole_log
+    from trainplan.trace.log import replay_log
+    from trainplan.trace.stack import HIGH
+    from trainplan.predict.target import semantics_for
+    from trainplan.trace.derive import trace_job
+    from trainplan.trace.tracer import trace_step
+    job = trace_job(LLAMA.with_(grad_checkpointing="full"))
+    sem = semantics_for(job, get_accelerator("a100-80gb"))
+    made = prepare(trace_step(job, sem, 2, depth=HIGH))
+    other = prepare(trace_step(job, sem, 8, depth=HIGH))
+    stored = pickle.loads(lazy.dumps(made))
+    assert stored.log.__dict__.get("peaks_memo") == made.log.peaks_memo
+    assert set(made.log.peaks_memo) == {HIGH + 1, 16}
+
+    def unread(*a):
+        raise AssertionError("the stored log was read again")
+    monkeypatch.setattr(peaks_mod, "_read", unread)
+    for blocks in (HIGH + 1, 16):
+        assert peaks_mod.whole_peaks(stored.log, blocks) == \
+            replay_log(whole_log(stored, blocks))[0]
+    between = trace_between(made, other, 5)
+    between.log.peaks_memo[16] = "made here"
+    assert "peaks_memo" not in pickle.loads(pickle.dumps(between.log)).__dict__

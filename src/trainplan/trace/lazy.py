@@ -194,6 +194,10 @@ def _marked(x, depth: int):
         for f in dataclasses.fields(x):       # what replace() makes afresh (Trace.derived:
             if not f.init:                    # the allocator replays made with the trace)
                 setattr(out, f.name, getattr(x, f.name))
+        names = {f.name for f in dataclasses.fields(x)}
+        for k, v in vars(x).items():          # memos of the same values (cached properties:
+            if k not in names:                # TraceLog.peaks_memo); its __getstate__ says
+                out.__dict__.setdefault(k, v)  # which of them are pickled
         return out
     return x
 

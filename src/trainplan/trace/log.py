@@ -118,14 +118,17 @@ class TraceLog:
     @functools.cached_property
     def peaks_memo(self) -> dict:
         """Stack depth -> each phase's peaks over a whole stack of that many blocks, read off this
-        (cut) log (derive/peaks.py), or None."""
+        (cut) log (derive/peaks.py), or None. Kept with the log where it is pickled (a worker's
+        trace, the trace store): read where the trace is made (derive/replays.py `prepare`), a
+        plan from stored traces reads them without the log."""
         return {}
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state.pop("structure", None)          # memos: made again where they are read
         state.pop("by_event", None)
-        state.pop("peaks_memo", None)
+        if self.resized is not None:          # an interpolated log's: its own sizes, not kept
+            state.pop("peaks_memo", None)
         state["resized"] = None
         state["repeat_plan"] = []
         return state

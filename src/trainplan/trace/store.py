@@ -13,7 +13,8 @@ is unchanged. Code the model reads other than Python it imports (a YAML of sizes
 variable) is not covered: the model's sizes belong in the job's `model_args`.
 
 A trace is kept with what the prediction layer derived from it in the worker that made it (its
-allocator replay: derive/replays.py `prepare`), so a warm plan replays nothing.
+allocator replay, and a cut trace's phase peaks over one block more and the whole stack:
+derive/replays.py `prepare`), so a warm plan replays nothing.
 
 Files: zlib-compressed pickles (about 80 KB for a 1B-parameter LLM's trace) in
 `paths.cache_dir()/traces`, written whole (a temporary file, renamed); past `MAX_BYTES` the least recently used are

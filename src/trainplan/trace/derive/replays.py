@@ -10,7 +10,8 @@ block sizes; within -2% and +4% of the full trace's required memory: trace/stack
 
 `prepare` makes a real trace's replay where it is traced (a worker, trace/parallel.py), so the
 replays run on all cores beside the traces and the trace store keeps them: a warm plan replays
-nothing.
+nothing. A cut trace's phase peaks over the whole stack and over one block more (what stitch.py
+reads of it: peaks.py) are read there too and kept on its log (`TraceLog.peaks_memo`).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from ..facts import Trace
 from ..stack import HIGH
 from .allocator import CUDA, MPS, Rules, replay
+from .peaks import whole_peaks
 from .repeat import whole_events
 
 
@@ -81,4 +83,7 @@ def prepare(tr: Trace) -> Trace:
         fragmentation(tr, rules)
     elif tr.stack.traced == HIGH and tr.stack.blocks > HIGH:
         whole_fragmentation(tr, rules)
+        if tr.last_block is not None and not (tr.expert_param_bytes or
+                                               tr.moe_dispatch_elements):
+            whole_peaks(tr.log, HIGH + 1, also=(tr.stack.blocks,))   # stitch.py `extend`'s
     return tr
