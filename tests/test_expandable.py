@@ -125,3 +125,27 @@ def test_the_launch_sets_the_allocator_the_plan_assumed(tmp_path):
     plan = make_plan(job, platforms_with("h100-sxm", 1))
     ln = launch_from_plan(plan, plan.platforms[0], job)
     assert "PYTORCH_CUDA_ALLOC_CONF" not in ln.env()
+
+
+def test_estimate_advises_expandable_segments_where_they_change_the_verdict():
+    """torchtitan's Llama 3.1 8B step (FSDP on 8 H100, selective checkpointing, 2 x 8192
+    tokens) does not fit the H100's 79.65 GiB with the default allocator's cache; with the
+    expandable segments torchtitan launches with it fits on paper, and `estimate` says so. A job
+    that fits, or that asks for them already, gets no such advice."""
+    from trainplan.accelerators import get_accelerator
+    from trainplan.estimate import estimate
+    from trainplan.spec import Job, validate
+    job = validate(Job(model="hf:meta-llama/Llama-3.1-8B", batch_size=2, seq_len=8192,
+                       precision="bf16-amp", grad_checkpointing="selective", strategy="fsdp",
+                       gpus=8))
+    h100 = get_accelerator("h100-sxm")
+    est = estimate(job, h100, with_max_batch=False)
+    advice = [f for f in est.findings if "expandable" in f.message]
+    assert est.fit_state == "does not fit" and len(advice) == 1
+    assert "fits on paper" in advice[0].message and advice[0].kind == "advice"
+    grown = estimate(job.with_(expandable_segments=True), h100, with_max_batch=False)
+    assert grown.fit_state != "does not fit"
+    assert not [f for f in grown.findings if "expandable allocator" in f.message]
+    small = estimate(job.with_(batch_size=1), h100, with_max_batch=False)
+    assert small.fit_state == "fits" and not [f for f in small.findings
+                                               if "expandable" in f.message]

@@ -3,10 +3,11 @@ with the largest micro-batch that fits, and its stable JSON form.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .accelerators import Accelerator
 from .predict import BUNDLED_ONLY, Calibration, Evaluation, Traces, evaluate, largest_micro_batch
+from .predict.evaluate import expandable_advice
 
 SCHEMA_VERSION = "1.4"    # 1.1: per_device.required_bytes, findings[].kind, precision_label
                           # 1.2: fit, fit_margin, per_device.held_bytes, max_batch_size_with_margin
@@ -36,6 +37,9 @@ def estimate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
     time model's fit stands for; a platform's is `platforms.host_cpu(id).speed`)."""
     traces = traces or Traces()
     ev = evaluate(job, accel, calibration, traces, host_speed=host_speed)
+    advice = expandable_advice(ev, traces)
+    if advice is not None:
+        ev = replace(ev, findings=ev.findings + (advice,))
     if not with_max_batch:
         return Estimate(ev, None)
     return Estimate(ev, largest_micro_batch(job, accel, traces),

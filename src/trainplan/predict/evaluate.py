@@ -27,7 +27,7 @@ from ..units import fmt_gib
 from . import algorithms, compat
 from .calibration import BUNDLED_ONLY, Calibration
 from .findings import Finding
-from .memory import NO_FIT, MemoryEstimate, estimate_memory, fragmentation_between
+from .memory import FITS, NO_FIT, TIGHT, MemoryEstimate, estimate_memory, fragmentation_between
 from .target import devices, semantics_for
 from .timing import StepTime, estimate_step_time
 
@@ -156,6 +156,30 @@ def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
         findings.append(tight_finding(mem, accel))
     return Evaluation(job, accel, devices(job, accel), tr, interpolated, mem, time,
                       tuple(findings), calibration.source(accel.id), phases, generation)
+
+
+def expandable_advice(ev: Evaluation, traces: Traces) -> Finding | None:
+    """Where a job is TIGHT or does not fit on a CUDA GPU and the caching allocator's cache is
+    part of why: the same step under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (PyTorch's
+    own out-of-memory message suggests it "if reserved but unallocated memory is large"), replayed
+    (trace/derive/expandable.py), where that moves the verdict (does not fit -> tight or fits,
+    tight -> fits). None otherwise."""
+    job, accel, mem = ev.job, ev.accel, ev.memory
+    if ev.fit_state == FITS or job.expandable_segments or ev.blocked or job.algorithm != "sft" \
+            or not rules_for(accel.backend, True).expandable:
+        return None
+    alt = memory_at(job.with_(expandable_segments=True), accel, traces,
+                    semantics_for(job, accel), job.batch_size)[2]
+    rank = {NO_FIT: 0, TIGHT: 1, FITS: 2}
+    if rank[alt.fit_state] <= rank[ev.fit_state]:
+        return None
+    state = {FITS: "fits", TIGHT: "fits on paper (tight)"}[alt.fit_state]
+    return Finding("info", f"with expandable allocator segments it holds "
+                           f"{fmt_gib(alt.held_bytes)} instead of {fmt_gib(mem.held_bytes)} and "
+                           f"runs in {fmt_gib(alt.required_bytes)} (the allocator caches less): "
+                           f"it {state}",
+                   "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before launching; "
+                   "plan it with --expandable-segments", kind="advice")
 
 
 def with_phases(time, phases: dict, notes) -> object:
