@@ -19,6 +19,7 @@ reused, so data loading is not measured.
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import sys
 
@@ -135,6 +136,25 @@ def _dequantize_for_real(model: torch.nn.Module) -> None:
 
 
 @contextlib.contextmanager
+def allocator_settings(job: Job, dev: torch.device):
+    """The CUDA caching allocator as the job runs it: with expandable segments where the job asks
+    (`expandable_segments`: what PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True sets, switched
+    for this run by `torch.cuda.memory._set_allocator_settings`, PyTorch >= 2.1, and switched
+    back after). Yields what the run's settings record: the setting in force, and the
+    environment's PYTORCH_CUDA_ALLOC_CONF where one is set (it applies to every run)."""
+    env = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    out = {"alloc_conf_env": env} if env else {}
+    if dev.type != "cuda" or not job.expandable_segments:
+        yield out
+        return
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    try:
+        yield dict(out, expandable_segments=True)
+    finally:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+
+
+@contextlib.contextmanager
 def precision_switches(job: Job, dev: torch.device):
     """fp32: PyTorch's defaults (matmul TF32 off, cuDNN TF32 on); tf32: both on. Restored after."""
     if dev.type != "cuda":
@@ -187,6 +207,13 @@ def run_measurement(job: Job, steps: int = 10, warmup: int = 3, device: str | No
     from the CUDA device name. `out` is the JSON-lines file (default $TRAINPLAN_HOME).
     """
     dev, info, acc, sem, say = on_device(job, steps, device, accelerator, progress)
+    with allocator_settings(job, dev) as alloc:
+        return _measured(job, steps, warmup, dev, sem, say, alloc, accelerator, out, command,
+                         write)
+
+
+def _measured(job, steps, warmup, dev, sem, say, alloc, accelerator, out, command, write):
+    """`run_measurement`'s steps, under the job's allocator settings."""
     bundle, blocks = build_on_device(job, sem, dev)
     model = bundle.module
     params = [p for p in model.parameters() if p.requires_grad]
@@ -232,7 +259,7 @@ def run_measurement(job: Job, steps: int = 10, warmup: int = 3, device: str | No
     settings = {"steps": steps, "device": str(dev), "grad_scaler": scaler is not None,
                 "sdpa_backend_forced": job.attention if _forced(job, dev) else None,
                 "checkpointed_blocks": len(blocks), "inputs": "synthetic, reused every step",
-                **switches}
+                **switches, **alloc}
     del model, opt, inputs, fwd, bundle
     if dev.type == "cuda":
         torch.cuda.empty_cache()

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import bisect
 
-KB, MB = 1024, 1024 * 1024
+MB = 1024 * 1024
 SMALL_SIZE = 1 * MB          # kSmallSize: larger requests go to the large pool
 SMALL_PAGE = 2 * MB          # kSmallBuffer: the small pool's page
 LARGE_PAGE = 20 * MB         # kLargeBuffer: the large pool's page
