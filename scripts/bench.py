@@ -1,9 +1,10 @@
 """Wall time and peak process memory of trainplan's inspect commands (run: python scripts/bench.py).
 
 Each command runs in a fresh process, as a user would run it; numbers depend on the machine.
-Each command starts from an empty $TRAINPLAN_HOME, so its first run also builds trainplan's one cache (the
-table of transformers' model modules, see trainplan.models.hf_import); it is reported apart as
-"first run".
+Each command starts from an empty $TRAINPLAN_HOME, so its first run also builds trainplan's caches (the
+table of transformers' model modules, see trainplan.models.hf_import, and the trace store,
+trace/store.py); it is reported apart as "first run", and the runs after it read what it stored
+(the same model inspected again).
 """
 import argparse
 import os

@@ -306,3 +306,26 @@ def test_a_plan_answered_from_stored_traces_never_loads_pytorch(tmp_path, monkey
         assert cold.stderr.strip().splitlines()[-1] == "True 0", cold.stderr[-500:]
         assert warm.stderr.strip().splitlines()[-1] == "False 0", warm.stderr[-500:]
         assert json.loads(warm.stdout) == json.loads(cold.stdout)
+
+
+def test_inspect_reads_the_step_estimate_and_plan_read(capsys):
+    """`inspect` reads the step `estimate` and `plan` read (trace/derive): a deep stack traced
+    cut, its totals and every module's parameters and activations those of the whole trace, and
+    kept in the trace store, so the same inspect again traces nothing."""
+    from trainplan.accelerators import get_accelerator
+    from trainplan.predict.target import semantics_for
+    from trainplan.spec import Job, validate
+    from trainplan.trace.tracer import trace_step
+    argv = ["inspect", "hf:openai-community/gpt2", "--batch-size", "3", "--seq-len", "96",
+            "--format", "json"]
+    first = json.loads(run(capsys, *argv)[1])
+    again = json.loads(run(capsys, *argv)[1])
+    assert not first["from_trace_store"] and again["from_trace_store"]
+    assert "traced with 4 of its 12 alike blocks" in " ".join(first["notes"])
+    job = validate(Job(model="hf:openai-community/gpt2", batch_size=3, seq_len=96))
+    whole = trace_step(job, semantics_for(job, get_accelerator("a100-sxm4-80gb")))
+    for phase, families in whole.flops.items():
+        assert first["flops"][phase] == pytest.approx(families, rel=1e-9)
+    assert first["peak_allocated_bytes"] == whole.peak_allocated_bytes
+    assert [(m["name"], m["params"], m["activation_bytes"]) for m in first["modules"]] == \
+        [(m.name, m.params, m.activation_bytes) for m in whole.modules]

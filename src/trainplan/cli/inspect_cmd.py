@@ -1,6 +1,11 @@
 """`trainplan inspect [MODEL|JOB]`: parameters, activations and FLOPs per module, from one traced
 step. Like `estimate`, it takes --model and a YAML job file (positional or --job); the positional
-is a job file when it ends in .yaml / .yml, else a model (`trainplan inspect hf:gpt2`)."""
+is a job file when it ends in .yaml / .yml, else a model (`trainplan inspect hf:gpt2`).
+
+The step is the one `estimate` and `plan` read (trace/derive: the trace store, and a deep stack of
+alike blocks traced cut and the rest read off its last block), so a model inspected before, or
+planned, is not traced again. Read off the cut trace, every block past the traced ones has the
+last traced block's row; the totals are the full trace's (tests/test_depth.py)."""
 from __future__ import annotations
 
 import argparse
@@ -43,19 +48,22 @@ def _positional(args: argparse.Namespace) -> str | None:
 
 
 def trace_for(args):
+    """(job, accelerator, the job's step traced for it, whether it was read from the trace
+    store rather than traced now)."""
     job = job_from_args(args, _positional(args))
     accel = get_accelerator(job.gpu or DEFAULT_TARGET)
-    from ..predict.target import semantics_for      # PyTorch: imported once the input is read
-    from ..trace.tracer import trace_step
-    return job, accel, trace_step(job, semantics_for(job, accel))
+    from ..predict.target import semantics_for
+    from ..trace.derive import Traces
+    traces = Traces()
+    tr = traces.exact(job, semantics_for(job, accel), job.batch_size)
+    return job, accel, tr, traces.traced == 0
 
 
 def inspect_command(args: argparse.Namespace) -> int:
-    tr = None
-    job, accel, tr = trace_for(args)
+    job, accel, tr, stored = trace_for(args)
     from ..report.inspect_report import inspect_json, inspect_text
     if args.format == "json":
-        print(json.dumps(inspect_json(tr, accel), indent=2))
+        print(json.dumps(inspect_json(tr, accel, stored), indent=2))
     else:
-        inspect_text(tr, accel, args.depth)
+        inspect_text(tr, accel, args.depth, stored)
     return 0

@@ -8,7 +8,7 @@ from ..units import fmt_bytes, fmt_count, fmt_flops, fmt_int, fmt_note, key_labe
 from .console import Col, console, fit_table
 
 
-def inspect_json(tr, accel) -> dict:
+def inspect_json(tr, accel, stored: bool = False) -> dict:
     return {
         "schema_version": "1.0",
         "model": tr.model,
@@ -32,18 +32,20 @@ def inspect_json(tr, accel) -> dict:
         "checkpointed_blocks": tr.checkpointed_blocks,
         "lora_modules": tr.lora_modules,
         "trace_seconds": tr.trace_seconds,
+        "from_trace_store": stored,
         "notes": tr.notes,
     }
 
 
-def inspect_text(tr, accel, depth: int = 3) -> None:
+def inspect_text(tr, accel, depth: int = 3, stored: bool = False) -> None:
     c = console()
     sem = tr.semantics
     c.print(f"[bold]{escape(tr.model)}[/bold]  batch {fmt_int(tr.batch_size)}"
             + (f" x seq {fmt_int(tr.seq_len)}" if tr.seq_len else "")
             + f"  | kernels of {accel.id}: {sem.attention} attention, "
             + (f"autocast {sem.autocast_dtype}" if sem.autocast_dtype else "no autocast")
-            + f"  | traced in {tr.trace_seconds:.2f} s")
+            + (f"  | from the trace store (traced in {tr.trace_seconds:.2f} s)" if stored else
+               f"  | traced in {tr.trace_seconds:.2f} s"))
     cols = [Col("module", key=True), Col("params", "right", priority=5),
             Col("trainable", "right", priority=2), Col("activations (saved)", "right", priority=4),
             Col("fwd FLOPs", "right", priority=3), Col("bwd FLOPs", "right", priority=1)]
