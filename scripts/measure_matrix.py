@@ -11,6 +11,10 @@ Matrix (5 models x 2 micro-batches x 2 precisions x 2 checkpointing = 40 runs):
     precision: full (tf32 on sm80+, where PyTorch users turn it on; fp32 below) and bf16-amp
                (fp16-amp on GPUs without bf16)
     checkpointing: none, full
+    allocator: PyTorch's default caching allocator; `--allocator expandable` (or `both`) runs
+               the jobs with expandable segments too (`measure --expandable-segments`), the
+               check trace/derive/expandable.py awaits on a GPU (peak reserved beside peak
+               allocated)
 
 Every run is its own process (`python -m trainplan.cli.main measure ...`), so one run's cached
 memory and allocator state cannot leak into the next run's peaks. Records go to --out (JSON lines,
@@ -22,6 +26,7 @@ else: this script never makes up a number.
     python scripts/measure_matrix.py --dry-run                 # list the 40 commands
     python scripts/measure_matrix.py                           # run them (about 10-20 min on an H100)
     python scripts/measure_matrix.py --only gpt2 --steps 20
+    python scripts/measure_matrix.py --only "llama-3.2-1b-lora b8" --allocator both
     python scripts/measure_matrix.py --summary                 # table from the records
     trainplan calibrate --records validation/measured/<accelerator>/records.jsonl
 """
@@ -63,16 +68,20 @@ def precisions(full: str) -> tuple[str, str]:
     return full, half
 
 
-def matrix(full: str, only: list[str]) -> list[tuple[str, list[str]]]:
+ALLOCATORS = {"default": ("",), "expandable": (" expandable",), "both": ("", " expandable")}
+
+
+def matrix(full: str, only: list[str], allocator: str = "default") -> list[tuple[str, list[str]]]:
     runs = []
-    for (name, (flags, batches)), prec, ckpt in itertools.product(
-            MODELS.items(), precisions(full), CHECKPOINTING):
+    for (name, (flags, batches)), prec, ckpt, alloc in itertools.product(
+            MODELS.items(), precisions(full), CHECKPOINTING, ALLOCATORS[allocator]):
         for b in batches:
-            label = f"{name} b{b} {prec} ckpt={ckpt}"
+            label = f"{name} b{b} {prec} ckpt={ckpt}{alloc}"
             if only and not any(o in label for o in only):
                 continue
             runs.append((label, [*flags, "--batch-size", str(b), "--precision", prec,
-                                 "--grad-checkpointing", ckpt, "--optimizer", "adamw"]))
+                                 "--grad-checkpointing", ckpt, "--optimizer", "adamw",
+                                 *(["--expandable-segments"] if alloc else [])]))
     return runs
 
 
@@ -99,7 +108,7 @@ def predicted_fit(flags: list[str], accelerator: str | None) -> dict | None:
 
 
 def run(args) -> int:
-    runs = matrix(args.full_precision, args.only)
+    runs = matrix(args.full_precision, args.only, args.allocator)
     out = Path(args.out) if args.out else default_out()
     failures = out.with_suffix(".failures.jsonl")
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--out", str(out),
@@ -185,14 +194,16 @@ def summary(args) -> int:
              f"{len(recs)} records (`trainplan measure`, {recs[0]['device']['name']}, torch "
              f"{recs[0]['versions']['torch']}; {how}). Error = predicted / measured - 1.", "",
              "| job | measured step | predicted step | error | measured peak alloc | "
-             "predicted peak alloc | error | measured device used | predicted device used |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "predicted peak alloc | error | measured peak reserved | predicted peak reserved | "
+             "measured device used | predicted device used |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     t_err, m_err = [], []
     for r in recs:
         j, m, p = r["job"], r["measured"], r.get("predicted") or {}
         label = (f"{j['model']} b{j['batch_size']} {j['precision']} "
                  f"ckpt={j.get('grad_checkpointing', 'none')}"
-                 + (f" lora r{j['lora']['rank']}" if j.get("lora") else ""))
+                 + (f" lora r{j['lora']['rank']}" if j.get("lora") else "")
+                 + (" expandable segments" if j.get("expandable_segments") else ""))
         et = p["device_step_time_s"] / m["step_time_s"] - 1 if p.get("device_step_time_s") else None
         em = (p["peak_allocated_bytes"] / m["peak_allocated_bytes"] - 1
               if p.get("peak_allocated_bytes") and m.get("peak_allocated_bytes") else None)
@@ -206,6 +217,8 @@ def summary(args) -> int:
                      f"{fmt_bytes(m.get('peak_allocated_bytes'))} | "
                      f"{fmt_bytes(p.get('peak_allocated_bytes'))} | "
                      f"{f'{em:+.1%}' if em is not None else '-'} | "
+                     f"{fmt_bytes(m.get('peak_reserved_bytes'))} | "
+                     f"{fmt_bytes(p.get('peak_reserved_bytes'))} | "
                      f"{fmt_bytes(m.get('device_used_bytes'))} | "
                      f"{fmt_bytes(p.get('device_used_bytes'))} |")
     lines += ["", f"Median absolute error: step time "
@@ -230,6 +243,8 @@ def main() -> int:
     ap.add_argument("--only", action="append", default=[],
                     help="run only labels containing this text (repeatable)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run")
+    ap.add_argument("--allocator", choices=tuple(ALLOCATORS), default="default",
+                    help="the caching allocator's mode: default, expandable (segments), or both")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--summary", action="store_true", help="write summary.md from the records")
     ap.add_argument("--repredict", action="store_true",
