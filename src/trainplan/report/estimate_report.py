@@ -6,6 +6,7 @@ from rich.table import Table
 
 from ..plan.verdict import band_text, estimate_verdict
 from ..predict.memory import FITS, NO_FIT
+from ..trace.derive.allocator import CUDA_EXPANDABLE
 from ..units import (fmt_bytes, fmt_count, fmt_int, fmt_note, fmt_phases, fmt_rate, fmt_seconds,
                      key_label)
 from .console import console
@@ -31,7 +32,7 @@ def estimate_text(est) -> None:
             f"micro-batch {fmt_int(job.batch_size)}" + (f" x {fmt_int(tr.seq_len)} tokens" if tr.seq_len else "")
             + f", {job.optimizer}: {verdict}")
     c.print(f"precision: {job.precision.label}")
-    if m.allocator == "cuda-expandable":
+    if m.allocator == CUDA_EXPANDABLE.name:
         c.print("allocator: expandable segments (PYTORCH_CUDA_ALLOC_CONF="
                 "expandable_segments:True)")
     c.print(f"parameters {fmt_count(tr.params_total)} ({fmt_count(tr.params_trainable)} trainable)")

@@ -101,13 +101,11 @@ class _Range:
             size += self.blocks[nxt][0]
             self._drop(nxt)
         if prev is not None and self.blocks[prev][1] == state:
+            self._leave(prev)                 # the merged block starts at prev's start
             size += self.blocks[prev][0]
-            self._drop(prev)
             del self.blocks[start]
             self.starts.pop(bisect.bisect_left(self.starts, start))
             start = prev
-            self.blocks[start] = [size, state]
-            bisect.insort(self.starts, start)
         self.blocks[start] = [size, state]
         self._enter(start, size, state)
         return start

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from ..facts import Trace
 from ..stack import HIGH
 from .allocator import CUDA, MPS, Rules, replay
-from .peaks import whole_peaks
 from .repeat import whole_events
+from .stitch import read_peaks
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,5 @@ def prepare(tr: Trace) -> Trace:
         fragmentation(tr, rules)
     elif tr.stack.traced == HIGH and tr.stack.blocks > HIGH:
         whole_fragmentation(tr, rules)
-        if tr.last_block is not None and not (tr.expert_param_bytes or
-                                               tr.moe_dispatch_elements):
-            whole_peaks(tr.log, HIGH + 1, also=(tr.stack.blocks,))   # stitch.py `extend`'s
+        read_peaks(tr)
     return tr

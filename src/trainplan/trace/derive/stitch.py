@@ -232,8 +232,7 @@ def extend(hi: Trace) -> Trace | None:
     tests/test_depth.py checks it against a real trace cut to HIGH + 1 blocks, field by field.
     None where the events do not repeat block by block, the model has mixture-of-experts
     layers (whose routing totals are not split by block), or the trace is not tagged."""
-    if hi.stack is None or hi.stack.traced != HIGH or hi.last_block is None or \
-            hi.expert_param_bytes or hi.moe_dispatch_elements:
+    if not _extendable(hi):
         return None
     # the whole stack's peaks read in the same pass, for `stitch`
     found = _stack_peaks(hi, HIGH + 1, also=(hi.stack.blocks,))
@@ -282,6 +281,21 @@ def extend(hi: Trace) -> Trace | None:
     # (what _block_delta finds by comparing the two op lists, known here without comparing)
     out.derived.one_more = (hi, more, grown)
     return out
+
+
+def _extendable(hi: Trace) -> bool:
+    """Whether `extend` reads one block more off `hi`: a tagged HIGH-block cut trace without
+    mixture-of-experts layers."""
+    return hi.stack is not None and hi.stack.traced == HIGH and hi.last_block is not None and \
+        not (hi.expert_param_bytes or hi.moe_dispatch_elements)
+
+
+def read_peaks(hi: Trace) -> None:
+    """Read what `extend` reads of `hi`'s log, the peaks over one block more and over the whole
+    stack, onto the log (`TraceLog.peaks_memo`, pickled with it): done where a trace is made
+    (replays.py `prepare`), so a plan from stored traces reads no cut log again."""
+    if _extendable(hi):
+        whole_peaks(hi.log, HIGH + 1, also=(hi.stack.blocks,))
 
 
 def one_more(tr: Trace) -> Trace | None:
