@@ -19,7 +19,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ROOT / "validation" / "results" / "memory_rows.json"
 OUT = ROOT / "src" / "trainplan" / "data" / "fit_bands.json"
-MIN_ROWS = 3          # a cell with fewer rows borrows a wider one (bands.py)
+# A cell with fewer rows borrows a wider one (bands.py). A new run's shortfall exceeds every one
+# of n validated runs' with probability 1 / (n + 1) (exchangeable runs), so n runs bound its 95th
+# percentile from their own spread only from n = 19: below that a cell's p95 is its largest row
+# or less, and 5 close rows would give a band near 0 (QLoRA's five, after issue 39's release
+# rules), which says more about how few they are than about the next run.
+MIN_ROWS = 19
 QUANTILE = 95
 
 
@@ -78,8 +83,8 @@ def main() -> int:
         return 0 if same else 1
     write(doc)
     print(f"wrote {OUT.relative_to(ROOT)}: " + ", ".join(
-        f"{k} +{v['p95']:.1%} ({v['rows']})" for k, v in doc["regimes"].items())
-        + f"; pooled +{doc['pooled']['p95']:.1%} ({doc['pooled']['rows']})")
+        f"{k} {v['p95']:+.1%} ({v['rows']})" for k, v in doc["regimes"].items())
+        + f"; pooled {doc['pooled']['p95']:+.1%} ({doc['pooled']['rows']})")
     return 0
 
 

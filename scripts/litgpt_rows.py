@@ -7,7 +7,8 @@ lit_gpt's `lora.GPT` (fused QKV linear whose LoRA output is scattered by `zero_p
 RMSNorm and RoPE, the head in 128-token chunks and the chunked cross entropy of
 finetune/lora.py), as a `py:` model in pure bf16 with AdamW; with --quantize, every nn.Linear,
 the head too, becomes a 4-bit linear that keeps its input for backward (Lightning's
-BitsandbytesPrecision on bitsandbytes 0.41.1). It prints each row's measured and predicted
+BitsandbytesPrecision on bitsandbytes 0.41.1), and every `mean` keeps its input for backward, as
+torch 2.1 did (KernelSemantics.mean_keeps_input). It prints each row's measured and predicted
 peak allocated bytes and what the measured excess is per layer and sample, in bf16 elements of
 the MLP's intermediate width (docs/validation.md, LitGPT).
 
@@ -121,7 +122,8 @@ def main() -> None:
                 optimizer="adamw", model_args={"name": name, "seq": SEQ, "quant": quant},
                 inputs=[{"name": n, "shape": ["batch", SEQ], "dtype": "int64", "high": 32000}
                         for n in ("idx", "targets")]))
-            sem = dataclasses.replace(semantics_for(job, a100), bnb4_keeps_input=True)
+            sem = dataclasses.replace(semantics_for(job, a100), bnb4_keeps_input=True,
+                                      mean_keeps_input=True)   # torch 2.1.0
             mem = estimate_memory(trace_step(job, sem), a100, job, runtime("torch2"))
             got = mem.peak_allocated_bytes / GB
             layers, width = DIMS[name]

@@ -9,9 +9,10 @@ figure that matches what was measured (validation/PROVENANCE.md, "Memory rows"):
             -> device_used_bytes. The doc prints NVML `used // 1024**2` as "MB": the values are
             MiB. Runtime torch1.10 (January 2022, CUDA 11.2: zero_grad keeps gradients,
             per-parameter AdamW, eager kernel loading -- the doc's own 1343 MiB context says so --
-            and softmax keeps its input for backward).
+            and softmax keeps its input for backward; so does mean before torch 2.2).
             transformers' BERT of 2022 had only its eager attention.
-  litgpt    LitGPT resource tables (torch 2.1, A100-SXM4-40GB, bf16-true, LoRA r=8 alpha=16 on
+  litgpt    LitGPT resource tables (torch 2.1: mean keeps its input; bitsandbytes 0.41.1: the
+            4-bit matmul keeps its input; A100-SXM4-40GB, bf16-true, LoRA r=8 alpha=16 on
             q and v, AdamW): torch.cuda.max_memory_allocated -> peak_allocated_bytes; OOM rows ->
             does not fit.
   torchtune Llama 3.2 3B full finetune, bs 2, packed seq 4096, bf16, AdamW, A100 (80 GB: 60 GiB
@@ -57,6 +58,11 @@ OUT = ROOT / "validation" / "results" / "memory_validation.md"
 TIMM_EVERY = 8
 TRACE_TIMEOUT_S = 240
 GB, GIB, MIB = 1e9, 2**30, 2**20
+# PyTorch before 2.2 kept a mean's input for its backward (trace/semantics.py mean_keeps_input):
+# the runs of HF's bert-large page (torch <= 1.10), PEFT's README (2023-02), LitGPT's tables
+# (torch 2.1.0) and timm's pt112 benchmark (torch 1.12)
+TORCH_BEFORE_2_2 = {"mean_keeps_input": True}
+
 # timm benchmark.py (pt112 files): on OOM, batch = timm.utils.decay_batch_step(batch)
 TIMM_DECAY = (512, 384, 256, 192, 128, 96, 64, 48, 32, 24, 16, 12, 8, 6, 4, 3, 2, 1)
 
@@ -136,7 +142,8 @@ def hf_cases() -> tuple[list[Case], list[NotCovered]]:
                    grad_checkpointing=ck, attention="eager")
         cases.append(Case("hf", f"{r['technique']} (bs {r['batch_size']}, ga {ga})", job,
                           "v100-sxm2-16gb", "torch1.10", "device_used_bytes",
-                          float(r["value"]) * MIB, "NVML used", group="hf bert-large V100"))
+                          float(r["value"]) * MIB, "NVML used", group="hf bert-large V100",
+                          kernels=TORCH_BEFORE_2_2))
     cases += peft_cases(peft)
     skipped.append(NotCovered(
         "hf", "PEFT README gigabyte figures (T0_3B, mt0-xxl, bloomz-7b1; A100-80GB)",
@@ -173,7 +180,7 @@ def peft_cases(rows: list[dict]) -> list[Case]:
         fits = 0.0 if r["metric"] == "oom" else 1.0
         cases.append(Case("peft", f"{hub} {t}", job, "a100-sxm4-80gb", "torch2", "fits", fits,
                           metric="OOM" if fits == 0.0 else f"ran, {r['value']} GB",
-                          group="peft fit"))
+                          group="peft fit", kernels=TORCH_BEFORE_2_2))
     return cases
 
 
@@ -203,7 +210,8 @@ def llm_cases() -> tuple[list[Case], list[NotCovered]]:
         note = ("Lightning's BitsandbytesPrecision converts every nn.Linear, the output head too; "
                 "trainplan keeps the head unquantised as transformers does") if q != "none" else ""
         # bitsandbytes 0.41.1 (the row's own note): its 4-bit matmul keeps each input
-        kernels = {"bnb4_keeps_input": True} if "bitsandbytes 0.41" in r["notes"] else {}
+        kernels = {**TORCH_BEFORE_2_2, **({"bnb4_keeps_input": True}
+                                          if "bitsandbytes 0.41" in r["notes"] else {})}
         label = f"{r['model']} LoRA {r['precision']} bs {r['batch_size']} s {r['seq_len']}"
         if r["metric"] == "oom":
             cases.append(Case("litgpt", label + " (OOM)", job, "a100-sxm4-40gb", "torch2",
@@ -274,6 +282,8 @@ def llm_cases() -> tuple[list[Case], list[NotCovered]]:
 # norms make bitsandbytes return fp32, and so the residual stream and every checkpointed block
 # input are fp32. Sharded (FSDP) QLoRA skips both and keeps the adapters in bf16
 # (`is_sharded_qlora`, sft_trainer.py:182-224): frozen_half "all".
+# transformers 4.48.1: its causal-LM loss copies the shifted fp32 logits (models/hf_releases.py)
+TRANSFORMERS_4_48 = {"hf_loss_copies_logits": True}
 FMS_ROWS = {
     "fms-full-mistral7b-1g-bs4": dict(precision="bf16"),
     "fms-full-mistral7b-2g-bs2": dict(precision="bf16", strategy="fsdp", gpus=2),
@@ -306,7 +316,7 @@ def fms_cases() -> tuple[list[Case], list[NotCovered]]:
                           float(r["value"]), "HF Trainer memory metrics (max_memory_allocated), "
                           "rank 0", "QLoRA: bf16 autocast; unquantised parameters as TRL 0.13 "
                           "leaves them (FMS_ROWS)" if "quantize" in kw else "",
-                          group="fms A100-80GB"))
+                          group="fms A100-80GB", kernels=TRANSFORMERS_4_48))
     skipped = [NotCovered("fms", "accelerated-peft plugin rows, santacoder, Llama-2-70B", 4,
                           "fused kernels of the plugin are not traced; santacoder and Llama-2-70B "
                           "configs are not bundled")]
@@ -352,13 +362,14 @@ def timm_cases(every: int) -> tuple[list[Case], list[NotCovered]]:
         base = dict(model=f"timm:{r['model']}", image_size=size, precision="fp16-amp",
                     optimizer="sgd-momentum", attention="eager")
         cases.append(Case("timm", f"{r['model']} @{size} bs {b} fits", {**base, "batch_size": b},
-                          "rtx-3090", "torch1.12", "fits", 1.0, "ran", group="timm fit"))
+                          "rtx-3090", "torch1.12", "fits", 1.0, "ran", group="timm fit",
+                          kernels=TORCH_BEFORE_2_2))
         up = next_larger(b)
         if up:
             cases.append(Case("timm", f"{r['model']} @{size} bs {up} OOM", {**base,
                               "batch_size": up}, "rtx-3090", "torch1.12", "fits", 0.0,
                               "next step of decay_batch_step ran out of memory",
-                              group="timm fit"))
+                              group="timm fit", kernels=TORCH_BEFORE_2_2))
     sampled = sum(r["model"] in keep for r in rows)
     skipped = [NotCovered("timm", "other timm rows (nhwc, and nchw models not sampled)",
                           len(every_row) - sampled,

@@ -24,7 +24,11 @@ over-predicts gets no credit for it). Which cell a job takes (`band_for`):
     the regime's band over every class       where the regime has MIN_ROWS rows and the class
                                              has validated rows of any regime
     the larger of the regime's and the       otherwise: a regime or a device class the
-    pooled band (every row)                  validation has (almost) no runs of
+    pooled band (every row)                  validation has too few runs of
+
+MIN_ROWS (data/fit_bands.json `min_rows`, scripts/fit_bands.py) is 19: a new run's shortfall
+exceeds every one of n validated runs' with probability 1 / (n + 1), so fewer than 19 runs
+cannot bound its 95th percentile from their own spread.
 
 The verdict (memory.py): with `held` what the device holds with room (context + reserved) and
 `overhead` the CUDA context, the band adds e x (held - overhead): the error is the allocator's,
@@ -133,7 +137,7 @@ def band_for_ids(reg: str, cls: str) -> Band:
     else:
         pooled = t["pooled"]
         chosen, basis = (whole, f"{reg} runs") if whole["errors"] and \
-            whole["p95"] >= pooled["p95"] else (pooled, "every validated run: too few "
+            whole["p95"] >= pooled["p95"] else (pooled, f"pooled: fewer than {need} "
                                                 f"{reg} runs on {where}")
     return Band(reg, cls, max(0.0, float(chosen["p95"])), len(chosen["errors"]),
                 tuple(float(e) for e in chosen["errors"]), basis, t["as_of"])

@@ -10,6 +10,8 @@ casts it inserts are recorded in the graph exactly as CUDA autocast records them
 * routes `F.scaled_dot_product_attention` to the backend the target would pick: flash
   (sm80+, no arbitrary mask), memory-efficient (sm50+, takes a bias), or the math composition
   (`softmax(q k^T * scale + mask) v`, which materialises the s x s scores);
+* keeps a `mean`'s input for its backward where the target's PyTorch did (before 2.2,
+  `KernelSemantics.mean_keeps_input`);
 * applies the CUDA autocast policy for fp16/bf16: the ops of PyTorch's "Autocast Op Reference"
   lower-precision list run in the autocast dtype, the fp32 list runs in fp32 (so layer_norm and
   softmax return fp32), the promote list runs in the widest input dtype, and casts of leaf
@@ -157,7 +159,22 @@ class TargetSemantics(TorchFunctionMode):
                 return self._sdpa(*args, **kwargs)
             finally:
                 self._inside -= 1
+        if name == "mean" and self.sem.mean_keeps_input:
+            return self._mean_keeping_input(func, args, kwargs)
         return func(*args, **kwargs)
+
+    @staticmethod
+    def _mean_keeping_input(func, args, kwargs):
+        """`mean` as PyTorch before 2.2 ran it (KernelSemantics.mean_keeps_input): its node
+        holds the input until its backward has run, as the `_saved_self` it kept did (freed with
+        the node's saved variables, after it runs: the hook runs then)."""
+        out = func(*args, **kwargs)
+        x = args[0] if args else kwargs.get("input")
+        node = getattr(out, "grad_fn", None)
+        if node is not None and isinstance(x, torch.Tensor):
+            kept = [x]
+            node.register_hook(lambda grad_inputs, grad_outputs: kept.clear())
+        return out
 
     def _dropout(self, name, args, kwargs):
         x = args[0] if args else kwargs["input"]

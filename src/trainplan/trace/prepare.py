@@ -14,6 +14,7 @@ import torch
 
 from ..errors import TrainplanError
 from ..models import ModelBundle
+from ..models.hf_releases import use_releases_before
 from ..models.lora import apply_lora
 from .counters import StepCounter
 from .semantics import KernelSemantics
@@ -72,7 +73,7 @@ def prepare_model(job, bundle: ModelBundle, semantics: KernelSemantics | None = 
     """Precision, LoRA/QLoRA, frozen prefixes and 16-bit frozen weights, applied on the meta
     model (checkpointing is the tracer's: it needs the step's recompute context); the LoRA
     modules' names. `semantics`: the target's kernels (which bitsandbytes release:
-    quantization.py)."""
+    quantization.py; which transformers release: models/hf_releases.py)."""
     model = bundle.module
     # AMP keeps fp32 master weights whatever dtype the config was published in
     model.to(stored_dtype(job.precision))
@@ -94,6 +95,7 @@ def prepare_model(job, bundle: ModelBundle, semantics: KernelSemantics | None = 
             raise TrainplanError(f"frozen: {prefix!r} matches no parameter of {bundle.name}.",
                                  fix="run `trainplan inspect` to see parameter names")
     half_frozen(model, job)
+    use_releases_before(model, bool(semantics and semantics.hf_loss_copies_logits))
     return lora_names
 
 

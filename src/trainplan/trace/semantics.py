@@ -34,6 +34,16 @@ class KernelSemantics:
         dim over 256) fell to the math path, which materialises the scores (pytorch/pytorch#
         139586; sdp_utils.cpp check_batch_size_and_num_heads_dense). False: the releases in
         common use (torch <= 2.12), what the measured H100/H200 runs (torch 2.11) ran.
+    mean_keeps_input: PyTorch before 2.2, whose `mean` kept its whole input for backward:
+        mean's derivative (derivatives.yaml `mean.dim`: `mean_backward(grad, self.sym_sizes(),
+        dim, self.sym_numel(), keepdim)`) needs only the input's sizes and element count, but
+        torchgen saved `self.sym_numel()` as a number only from 2.2.0 (load_derivatives.py's
+        `_sym_numel` replacement); 2.1 and earlier saved `self` to call it (MeanBackward1
+        `_saved_self`, checked on torch 2.1.0; pytorch/pytorch#5741). An RMSNorm's
+        `mean(x * x)` then keeps one more activation-sized tensor per norm. False: torch >= 2.2.
+    hf_loss_copies_logits: transformers before 4.49, whose causal-LM loss copied the shifted
+        fp32 logits (models/hf_releases.py): one more fp32 tokens x vocab tensor at the end of
+        the forward. False: transformers >= 4.49, what the tracer's release runs.
     """
 
     attention: str = "efficient"
@@ -45,6 +55,8 @@ class KernelSemantics:
     fp8_transpose: bool = False
     bnb4_keeps_input: bool = False
     efficient_gqa: bool = False
+    mean_keeps_input: bool = False
+    hf_loss_copies_logits: bool = False
 
     def __post_init__(self):
         if self.autocast_dtype is not None and not isinstance(self.autocast_dtype, str):
@@ -54,7 +66,9 @@ class KernelSemantics:
         base = (self.attention, self.autocast_dtype, self.fused_dropout, self.channels_last,
                 self.bnb4_keeps_input, self.efficient_gqa)
         extra = (("loop",) if not self.optimizer_foreach else ()) + \
-            ((f"fp8:{self.fp8}:{int(self.fp8_transpose)}",) if self.fp8 else ())
+            ((f"fp8:{self.fp8}:{int(self.fp8_transpose)}",) if self.fp8 else ()) + \
+            (("mean-keeps-input",) if self.mean_keeps_input else ()) + \
+            (("hf-loss-copies-logits",) if self.hf_loss_copies_logits else ())
         return base + extra
 
 
