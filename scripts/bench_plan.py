@@ -9,6 +9,11 @@ load average before it, and how many traces the cold run stored (each a step tra
 with a twin: trace/derive/twins.py); `--split` then runs GraphMER-SE over all platforms in-process,
 split into tracing and the rest (planning over the platforms, ranking). Numbers depend on the
 machine and on what else runs on it.
+
+What the plans say is pinned apart from how fast they say it: tests/golden/ holds each one's JSON
+(the examples', and tests/golden/bench/ the others'), compared field for field by
+tests/test_golden.py; the two LLM plans only with `TRAINPLAN_SLOW_GOLDEN=1 python -m pytest
+tests/test_golden.py` (about 2 min on 2 cores from a cold store).
 """
 import argparse
 import os

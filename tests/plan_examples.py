@@ -17,6 +17,21 @@ from trainplan.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ("graphmer-se", "glf-cr-2xt4", "chart-rvr-grpo")
+# the other plans scripts/bench_plan.py times (issue 41: a plan's numbers stay what they were
+# while it gets faster), each as `trainplan plan ARGS --format json`; SLOW_BENCH ones take a
+# minute or more from a cold store and are compared only where TRAINPLAN_SLOW_GOLDEN=1
+_LLM = ["--seq-len", "2048", "--precision", "bf16-amp", "--steps", "1000", "--platforms", "all"]
+BENCH = {
+    "llama3-8b-multinode-h100x16": ["examples/llama3-8b-multinode.yaml", "--gpu", "h100-sxm",
+                                    "--gpus", "16"],
+    "graphmer-se-all-platforms": ["examples/graphmer-se.yaml", "--platforms", "all"],
+}
+SLOW_BENCH = {
+    "llama-3.2-1b-all-platforms": ["--model", "hf:meta-llama/Llama-3.2-1B", "--batch-size", "8"]
+                                  + _LLM,
+    "llama-3.1-70b-all-platforms": ["--model", "hf:meta-llama/Llama-3.1-70B", "--batch-size",
+                                    "1"] + _LLM,
+}
 # a job that plans in seconds (two-layer, 64-wide transformer)
 TINY = """\
 name: tiny
@@ -52,6 +67,14 @@ def planning(name: str):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _argv(name: str) -> list[str]:
+    """`trainplan plan` arguments of an example (examples/NAME.yaml) or of a bench plan."""
+    args = {**BENCH, **SLOW_BENCH}.get(name)
+    if args is None:
+        return [str(ROOT / "examples" / f"{name}.yaml")]
+    return [str(ROOT / a) if a.startswith("examples/") else a for a in args]
+
+
 @functools.cache
 def example_json(name: str) -> str:
     with planning(name) as made:
@@ -59,7 +82,7 @@ def example_json(name: str) -> str:
             return made.read_text()
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(["plan", str(ROOT / "examples" / f"{name}.yaml"), "--format", "json"])
+            code = main(["plan", *_argv(name), "--format", "json"])
         assert code == 0, err.getvalue()
         if made is not None:                          # whole or absent: written, then renamed
             tmp = made.with_suffix(f".{os.getpid()}.tmp")

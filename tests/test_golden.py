@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 import pytest
-from plan_examples import EXAMPLES, example_doc
+from plan_examples import BENCH, EXAMPLES, SLOW_BENCH, example_doc
 
 from trainplan.report.plan_markdown import plan_markdown
 
@@ -76,6 +76,23 @@ def test_markdown_report_matches_golden(name, update):
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_json_plan_matches_golden(name, update):
     check(GOLDEN / f"{name}.json", golden_json(name), update)
+
+
+@pytest.mark.parametrize("name", list(BENCH))
+def test_bench_plan_json_matches_golden(name, update):
+    """The other plans scripts/bench_plan.py times, field for field (issue 41: faster, the same
+    numbers): the multi-node example on 16 H100s and GraphMER-SE over every platform."""
+    check(GOLDEN / "bench" / f"{name}.json", golden_json(name), update)
+
+
+@pytest.mark.skipif(os.environ.get("TRAINPLAN_SLOW_GOLDEN") != "1",
+                    reason="a minute or more each from a cold store: TRAINPLAN_SLOW_GOLDEN=1")
+@pytest.mark.parametrize("name", list(SLOW_BENCH))
+def test_llm_plans_over_every_platform_match_golden(name, update):
+    """The two LLM plans over every platform that scripts/bench_plan.py times, field for field;
+    `TRAINPLAN_SLOW_GOLDEN=1 python -m pytest tests/test_golden.py` (about 2 min on 2 cores from a
+    cold store; scripts/bench_plan.py says so too)."""
+    check(GOLDEN / "bench" / f"{name}.json", golden_json(name), update)
 
 
 TIME_OF_DAY = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d")      # a timestamp, not a catalog date
