@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -394,16 +394,16 @@ class StepCounter(TorchDispatchMode):
         shape = record.shape
         if record.family == "attention" and shape:
             shape = (shape[0] // n,) + tuple(shape[1:])
-        each = replace(record, flops=record.flops / n, shape=shape,
-                       bytes=(record.bytes - scalars) / n + scalars)
+        each = record.copied(flops=record.flops / n, shape=shape,
+                             bytes=(record.bytes - scalars) / n + scalars)
         forward = self.window_batch > 1
         later = record.host_ops - self.window_views
         first = record.host_ops - self.window_extra if forward else record.host_ops + n - 1
         if forward:
             self.window_records = (len(self.records), n)
             self.window_extra = 0
-        self.records.append(replace(each, host_ops=max(0, first)))
-        self.records.extend(replace(each, host_ops=max(0, later)) for _ in range(n - 1))
+        self.records.append(each.copied(host_ops=max(0, first)))
+        self.records.extend(each.copied(host_ops=max(0, later)) for _ in range(n - 1))
 
 
 _BY_OWNER = ("setup", "optimizer")   # phases whose events are tagged by the tensors' blocks

@@ -14,15 +14,19 @@ No PyTorch here: a stored trace unpickles, and a plan reads it, without importin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .log import TraceLog
 from .semantics import KernelSemantics
 from .stack import Stack
 
 
-@dataclass
-class OpRecord:
-    """One aten op of the traced step, the unit the time model works on."""
+class OpRecord(NamedTuple):
+    """One aten op of the traced step, the unit the time model works on.
+
+    A named tuple, never changed once made: a stored trace's records unpickle as plain tuples
+    made again in C (lazy.py `_decode`), about three times faster than objects with a __dict__,
+    which a warm plan over every platform spends a second of its time on (issue 41)."""
 
     name: str
     family: str          # matmul | attention | other
@@ -44,12 +48,15 @@ class OpRecord:
     host_ops: int = 0
 
     def copied(self, **changes) -> OpRecord:
-        """A copy with `changes`: what copy.copy then setting them gives, a third of its time
-        (a warm plan copies hundreds of thousands of records: derive/interpolate.py, stitch.py,
-        twins.py)."""
-        out = object.__new__(type(self))
-        out.__dict__ = {**self.__dict__, **changes}
-        return out
+        """A copy with `changes` (what `_replace` gives, in a third of its time: a warm plan
+        copies hundreds of thousands of records: derive/interpolate.py, stitch.py, twins.py)."""
+        values = list(self)
+        for k, v in changes.items():
+            values[_OP_FIELD[k]] = v
+        return tuple.__new__(OpRecord, values)
+
+
+_OP_FIELD = {name: i for i, name in enumerate(OpRecord._fields)}
 
 
 @dataclass

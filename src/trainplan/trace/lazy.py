@@ -136,10 +136,14 @@ def _unpacked(blob: bytes) -> Lazy:
 
 def _encode(items: list) -> bytes:
     """The pickle of `items`. A list of named tuples (a memory log's Alloc, Free, Retag...
-    entries, its events) is kept as its classes, each item's class number and its fields as a
-    plain tuple: made again by `tuple.__new__` in C, where unpickling each named tuple called its
-    Python `__new__` (2.2 million calls, about 2 s of a 5.3 s warm chart-rvr plan, profiled
-    2026-11-28)."""
+    entries, its events; a trace's OpRecords) is kept as its classes, each item's class number
+    and its fields as a plain tuple: made again by `tuple.__new__` in C, where unpickling each
+    named tuple called its Python `__new__` (2.2 million calls, about 2 s of a 5.3 s warm
+    chart-rvr plan, profiled 2026-11-28). A list holding one object more than once (a stitched
+    trace's block copies, whose identity optable.py reads) is pickled as it is, which keeps it
+    one object."""
+    if len(set(map(id, items))) != len(items):
+        return pickle.dumps(list(items), protocol=pickle.HIGHEST_PROTOCOL)
     classes: dict[type, int] = {}
     kinds = bytearray()
     for x in items:

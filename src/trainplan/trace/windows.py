@@ -98,8 +98,8 @@ class WindowBatch:
         c = self.counter
         if c.window_records is not None:
             start, n = c.window_records
-            for r in c.records[start + 1:start + n]:
-                r.host_ops += c.host_pending
+            c.records[start + 1:start + n] = [r.copied(host_ops=r.host_ops + c.host_pending)
+                                              for r in c.records[start + 1:start + n]]
             if len(tensors) == 1 and isinstance(tensors[0], torch.Tensor) and \
                     tensors[0].requires_grad:
                 tensors[0].register_hook(self._reached)

@@ -61,12 +61,12 @@ def accumulated(tr: Trace) -> Trace | None:
     for g in tl.gradients:
         if g.op < len(tr.ops) and tr.ops[g.op].phase == "backward":
             views[g.op] += g.add.host_ops
-    base = [replace(o, host_ops=o.host_ops - views[i]) if views[i] else o
+    base = [o.copied(host_ops=o.host_ops - views[i]) if views[i] else o
             for i, o in enumerate(tr.ops)]
     ops, k = [], 0
     for g in tl.gradients:
         ops += base[k:g.op]
-        ops.append(replace(g.add, host_ops=max(0, g.add.host_ops - 1)))
+        ops.append(g.add.copied(host_ops=max(0, g.add.host_ops - 1)))
         k = g.op
     ops += base[k:]
     moved = {ph: dict(v) for ph, v in tr.bytes_moved.items()}
