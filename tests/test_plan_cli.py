@@ -127,3 +127,33 @@ def test_catalog_lists_platforms_with_retired_dates(capsys):
     rows = {r["id"]: r for r in json.loads(out)}
     assert code == 0 and rows["kaggle-p100"]["status"] == "retired"
     assert rows["kaggle-p100"]["retired_on"] == "2026-09-15"
+
+
+def test_a_trace_a_worker_fails_to_make_ends_the_plan_with_its_error(capsys, job, monkeypatch):
+    """A step trace that fails in a worker (parallel.py sends its TrainplanError back) is asked
+    of the cache again outside the round, which traces it once more and raises its error: the
+    plan exits 2 with it. (Deferring on it again asked it for ever: a plan that never ended.)"""
+    import signal
+
+    from trainplan.errors import TrainplanError
+    from trainplan.trace.derive import cache as cache_mod
+    from trainplan.trace.derive import schedule as schedule_mod
+
+    def failing(requests, followups=None, policy=None, started=None, finish=None):
+        out = [TrainplanError("the model could not be traced on fake tensors: injected")
+               for _ in requests]
+        return (out, [None] * len(requests)) if followups and any(followups) else out
+
+    monkeypatch.setattr(schedule_mod, "trace_all", failing)
+    monkeypatch.setattr(cache_mod, "trace_all", failing)
+
+    def stuck(*_):
+        raise AssertionError("the plan did not end within 60 s")
+    old = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(60)
+    try:
+        code, _out, err = run_cli(capsys, "plan", str(job), "--platforms", "kaggle-t4x2")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert code == 2 and "injected" in err and "Traceback" not in err

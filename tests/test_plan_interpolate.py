@@ -151,6 +151,24 @@ def test_a_packed_list_of_named_tuples_comes_back_as_the_same_named_tuples():
     assert pickle.loads(dumps(TraceLog(memory=mixed))).memory == mixed
 
 
+def test_packed_op_records_come_back_as_records_and_repeats_stay_one_object():
+    """A trace's OpRecords are named tuples and take lazy.py's fast path; a list holding one
+    record more than once (a stitched trace's block copies, which optable.py knows by their
+    identity) is pickled as it is, so the copies are still one object."""
+    import pickle
+
+    from trainplan.trace.facts import OpRecord
+    from trainplan.trace.lazy import _encode, _unpacked
+
+    ops = [OpRecord(f"mm{i}", "matmul", "forward", float(i), 2.0 * i, "bfloat16", "m",
+                    shape=(1, i, 3)) for i in range(700)]
+    back = pickle.loads(pickle.dumps(_unpacked(_encode(ops))))
+    assert back == ops and all(type(o) is OpRecord for o in back)
+    stitched = ops + ops[-5:] * 3
+    again = _unpacked(_encode(stitched))
+    assert again == stitched and again[-1] is again[-6] is again[-11] is again[699]
+
+
 def test_a_copied_op_record_is_replace_with_the_changes():
     from trainplan.trace.facts import OpRecord
     r = OpRecord("mm", "matmul", "forward", 2.0, 3.0, "bfloat16", "m.layers.0", shape=(1, 2, 3, 4, 0))

@@ -36,7 +36,10 @@ class Scheduling(TraceCache):
             job, sem = canonical(job, sem)
             todo.append((job, sem, batch, HIGH if self._cuts(job, sem) else None))
         if self.deferring is not None:
-            missing = [r for r in todo if not self._held(*r)]
+            # not held, and not failed in a worker: a failed one is asked of `exact`, which
+            # traces it here and raises its error (deferring on it again would ask it forever)
+            missing = [r for r in todo if not self._held(*r) and
+                       self._key(r[0], r[1], r[3]) + (r[2],) not in self._failed]
             if missing:
                 self.deferring.extend(missing)
                 raise Deferred
