@@ -12,8 +12,8 @@ machine and on what else runs on it.
 
 What the plans say is pinned apart from how fast they say it: tests/golden/ holds each one's JSON
 (the examples', and tests/golden/bench/ the others'), compared field for field by
-tests/test_golden.py; the two LLM plans only with `TRAINPLAN_SLOW_GOLDEN=1 python -m pytest
-tests/test_golden.py` (about 2 min on 2 cores from a cold store).
+tests/test_golden.py; the three over every platform only with `TRAINPLAN_SLOW_GOLDEN=1 python -m
+pytest tests/test_golden.py` (about 2 min on 2 cores from a cold store).
 """
 import argparse
 import os

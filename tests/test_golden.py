@@ -81,15 +81,16 @@ def test_json_plan_matches_golden(name, update):
 @pytest.mark.parametrize("name", list(BENCH))
 def test_bench_plan_json_matches_golden(name, update):
     """The other plans scripts/bench_plan.py times, field for field (issue 41: faster, the same
-    numbers): the multi-node example on 16 H100s and GraphMER-SE over every platform."""
+    numbers): the multi-node example on 16 H100s."""
     check(GOLDEN / "bench" / f"{name}.json", golden_json(name), update)
 
 
 @pytest.mark.skipif(os.environ.get("TRAINPLAN_SLOW_GOLDEN") != "1",
-                    reason="a minute or more each from a cold store: TRAINPLAN_SLOW_GOLDEN=1")
+                    reason="seconds to minutes each from a cold store: TRAINPLAN_SLOW_GOLDEN=1")
 @pytest.mark.parametrize("name", list(SLOW_BENCH))
-def test_llm_plans_over_every_platform_match_golden(name, update):
-    """The two LLM plans over every platform that scripts/bench_plan.py times, field for field;
+def test_plans_over_every_platform_match_golden(name, update):
+    """The plans over every platform that scripts/bench_plan.py times (GraphMER-SE and the two
+    LLM jobs), field for field;
     `TRAINPLAN_SLOW_GOLDEN=1 python -m pytest tests/test_golden.py` (about 2 min on 2 cores from a
     cold store; scripts/bench_plan.py says so too)."""
     check(GOLDEN / "bench" / f"{name}.json", golden_json(name), update)
