@@ -27,10 +27,8 @@ def causal_lm_loss_before_4_49(logits, labels, vocab_size: int, num_items_in_bat
                                **kwargs)
 
 
-def use_releases_before(model, hf_loss_copies_logits: bool) -> bool:
+def use_releases_before(model, hf_loss_copies_logits: bool) -> None:
     """Give a transformers causal LM the loss of a release before 4.49 where the target stack
-    runs one; True where the model's loss was replaced."""
-    if not hf_loss_copies_logits or getattr(model, "loss_type", None) != "ForCausalLM":
-        return False
-    model.loss_function = causal_lm_loss_before_4_49
-    return True
+    runs one."""
+    if hf_loss_copies_logits and getattr(model, "loss_type", None) == "ForCausalLM":
+        model.loss_function = causal_lm_loss_before_4_49
