@@ -109,6 +109,10 @@ def test_an_interpolated_traces_lists_are_made_once_when_read():
     grown = Lazy(lambda: [1])
     grown.append(2)
     assert grown == [1, 2]
+    # two not made yet compare by what they hold, either way round and against a made one
+    a, b, c = Lazy(lambda: [1, 2]), Lazy(lambda: [1, 2]), Lazy(lambda: [1, 3])
+    assert a == b and not a != b and b == Lazy(lambda: [1, 2]) and a != c and not a == c
+    assert [1, 2] == Lazy(lambda: [1, 2]) and list(a) != Lazy(lambda: [2])
     from trainplan.trace.log import TraceLog
     log = TraceLog(memory=list(range(600)), events=[1, 2])
     packed = pickle.loads(dumps(log))

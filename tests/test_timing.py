@@ -370,3 +370,36 @@ def test_fp16_loss_scaling_costs_an_unscale_pass():
     grads = summarize(tr).meta["gradient_bytes"]
     assert fp16 - bf16 == pytest.approx(
         2 * grads / (a.memory_bandwidth_bytes_per_s * bundled().bw_eff), rel=1e-6)
+
+
+def test_op_table_puts_repeated_records_back_block_after_block():
+    """optable.summarize: a record held more than once (a stitched trace's block copies: the
+    same objects) keeps its first place, its copies run after the last repeated record of its
+    phase, block after block, and each distinct record is one row counted as often as it runs;
+    records repeated unevenly (a multi-tensor op grown for some blocks only) run while they
+    have copies left; records with no work are left out of the order and the rows."""
+    from types import SimpleNamespace
+    from trainplan.trace.facts import OpRecord, TraceDerived
+
+    def rec(name, phase, flops=1.0, host=0):
+        return OpRecord(name, "other", phase, flops, 8.0, "float32", "m", host_ops=host)
+
+    emb, a, b, c, head = (rec(n, "forward", f, h) for n, f, h in
+                          (("emb", 1, 0), ("a", 2, 1), ("b", 3, 0), ("c", 4, 2), ("head", 5, 0)))
+    ga, gb, opt = rec("ga", "backward", 6), rec("gb", "backward", 7), rec("adam", "optimizer", 8)
+    idle = OpRecord("view", "other", "forward", 0.0, 0.0, "float32", "m")
+    ops = [emb, a, idle, b, c, head, gb, ga, opt] + [a, b, gb, ga] * 2 + [c]
+    tr = SimpleNamespace(ops=ops, derived=TraceDerived(), model_flops=0, gradient_bytes=0,
+                         params_total=0, params_trainable=0, weight_bytes=0,
+                         largest_block_param_bytes=0, moe_dispatch_elements=0, batch_size=1,
+                         tokens_per_sample=1, semantics=SimpleNamespace(channels_last=False))
+    table = summarize(tr)
+    order = [table.name[i] for i in table.seq]
+    # forward: a and b three times, c twice (its one copy in the first round of copies)
+    assert order == ["emb", "a", "b", "c", "a", "b", "c", "a", "b", "head",
+                     "gb", "ga", "gb", "ga", "gb", "ga", "adam"]
+    assert dict(zip(table.name, table.count)) == {"emb": 1, "a": 3, "b": 3, "c": 2, "head": 1,
+                                                  "gb": 3, "ga": 3, "adam": 1}
+    assert [int(h) for h in table.seq_host] == [0, 1, 0, 2, 1, 0, 2, 1, 0, 0,
+                                                0, 0, 0, 0, 0, 0, 0]
+    assert summarize(tr) is table                          # kept on the trace

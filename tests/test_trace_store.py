@@ -192,7 +192,11 @@ def test_a_cut_trace_keeps_its_whole_stack_replay_so_a_warm_run_replays_nothing(
     def no_replay(*a, **kw):
         raise AssertionError("replayed again")
     monkeypatch.setattr(replays, "replay", no_replay)
-    warm = Traces()
+    import trainplan.trace.derive.repeat as repeat
+    plan = repeat.plan_of(whole.derived.whole_of.log)
+    monkeypatch.setattr(repeat, "_repeat_plan", no_replay)   # nor planned again: the repeat
+    warm = Traces()                                          # plan is stored with the log
     again = warm.exact(job, sem, 2)
     assert warm.traced == 0 and warm.loaded == 1
     assert fragmentation(again) == frag
+    assert plan is not None and repeat.plan_of(again.derived.whole_of.log) == plan

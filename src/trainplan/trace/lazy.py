@@ -49,6 +49,10 @@ class Made(list):
     __hash__ = None
 
 
+def _made(x):
+    return x._full() if isinstance(x, Lazy) else x
+
+
 class Lazy(Made):
     """A list made by `make()` on first use (module docstring); `blob`, the pickle it is made
     from, where it came from one."""
@@ -86,11 +90,11 @@ class Lazy(Made):
     def __bool__(self):
         return list.__len__(self._full()) > 0
 
-    def __eq__(self, other):
-        return list.__eq__(self._full(), other)
+    def __eq__(self, other):      # another one not made yet is made first: list's own
+        return list.__eq__(self._full(), _made(other))   # comparison reads what a list holds
 
     def __ne__(self, other):
-        return list.__ne__(self._full(), other)
+        return list.__ne__(self._full(), _made(other))
 
     def __add__(self, other):
         return list(self._full()) + other

@@ -84,7 +84,8 @@ class TraceLog:
     timeline: list[tuple[str, int]] = field(default_factory=list)
     # derive/repeat.py's plan of what repeats where over a whole stack, made once per log: empty
     # until made, then [the plan or None]; one list shared with the logs of the same step at
-    # other micro-batches read off this one (derive/interpolate.py), as they repeat alike
+    # other micro-batches read off this one (derive/interpolate.py), as they repeat alike; kept
+    # where a real log is pickled (the trace store: a warm plan over every platform made ~100)
     repeat_plan: list = field(default_factory=list, compare=False, repr=False)
     # a log read off another at other allocation sizes (an interpolated trace's:
     # derive/interpolate.py): (that log, serial -> bytes here), so that a replay reads that
@@ -128,10 +129,12 @@ class TraceLog:
         state.pop("structure", None)          # memos: made again where they are read
         state.pop("by_event", None)
         if self.resized is not None:          # an interpolated log's: its own sizes, not kept
-            state.pop("peaks_memo", None)
+            state.pop("peaks_memo", None)     # (nor its anchor's plan, which it shares)
+            state["repeat_plan"] = []
         state["resized"] = None
-        state["repeat_plan"] = []
-        return state
+        return state                          # a real log's repeat plan is kept: made where it
+                                              # is traced (replays.py `prepare`), 2 ms a log to
+                                              # make again, a tenth of that to unpickle
 
 
 class Structure:

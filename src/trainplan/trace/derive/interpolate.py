@@ -98,8 +98,9 @@ def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False) -
                          whole(a.activation_bytes, b.activation_bytes),
                          num(a.flops_forward, b.flops_forward), num(a.flops_backward, b.flops_backward))
                for a, b in zip(lo.modules, hi.modules)]
-    timeline = ([(p, whole(x, y)) for (p, x), (_q, y) in zip(lo.log.timeline, hi.log.timeline)]
-                if len(lo.log.timeline) == len(hi.log.timeline) else list(hi.log.timeline))
+    timeline = Lazy(lambda: [(p, whole(x, y)) for (p, x), (_q, y) in    # made where read
+                             zip(lo.log.timeline, hi.log.timeline)]
+                    if len(lo.log.timeline) == len(hi.log.timeline) else list(hi.log.timeline))
     # the same step: what repeats where over a whole stack is hi's (repeat.py); so are its
     # blocks, marks and gradients, at the interpolated sizes
     tl = TraceLog(log, events, hi.log.blocks, hi.log.marks, hi.log.gradients, timeline,

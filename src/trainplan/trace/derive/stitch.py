@@ -24,7 +24,8 @@ block), a second trace cut to 3 (`stitch(lo, hi)` either way). So, with n the sm
   4-block trace's repeated block by block (repeat.py), which is the full trace's replay; where
   they do not repeat, that of the 4-block replay (replays.py `whole_fragmentation`);
 * the module table, the checkpointed blocks and the LoRA modules: the larger cut's last block's
-  rows copied for the rest.
+  rows copied for the rest, made where first read (lazy.py; `inspect`, predict/memory.py, the
+  fix ladder's frozen-embeddings rung): a plan stitches hundreds of traces and reads few.
 
 Where the smaller cut runs an op the larger one does not, `stitch` returns None and the whole
 model is traced. tests/test_depth.py checks the result against full traces (Llama, GPT-2, BERT,
@@ -139,7 +140,8 @@ def stitch(lo: Trace, hi: Trace, tagged: Trace | None = None) -> Trace | None:
     ops.extend(new * (L - n))
     extended = hi.derived.extended
     out = replace(
-        hi, ops=ops, **_on_line(lo, hi, line), modules=_modules(lo, hi, pattern, L, line),
+        hi, ops=ops, **_on_line(lo, hi, line),
+        modules=Lazy(lambda: _modules(lo, hi, pattern, L, line)),   # made where read (inspect)
         checkpointed_blocks=_with_copies(hi.checkpointed_blocks, pattern, n - 1, L),
         lora_modules=_with_copies(hi.lora_modules, pattern, n - 1, L),
         log=TraceLog(blocks=tagged.log.blocks, marks=hi.log.marks,
@@ -271,7 +273,7 @@ def extend(hi: Trace) -> Trace | None:
         peak_phase=peak_phase, peak_allocated_bytes=phase_peaks[peak_phase][0],
         peak_breakdown_bytes=dict(phase_peaks[peak_phase][1]), flops=flops, bytes_moved=moved,
         recompute_flops=recompute,
-        modules=_one_more_block(hi.modules, pattern, hi.stack.path, work),
+        modules=Lazy(lambda: _one_more_block(hi.modules, pattern, hi.stack.path, work)),
         checkpointed_blocks=_with_copies(hi.checkpointed_blocks, pattern, HIGH - 1, HIGH + 1),
         lora_modules=_with_copies(hi.lora_modules, pattern, HIGH - 1, HIGH + 1),
         log=TraceLog(memory=log),
@@ -308,9 +310,14 @@ def one_more(tr: Trace) -> Trace | None:
 
 
 def _with_copies(items: list[str], pattern, last: int, blocks: int) -> list[str]:
-    """`items` and block `last`'s names as those of blocks last+1 .. blocks-1."""
-    tails = [_split(pattern, n) for n in items if _block_of(pattern, n) == last]
-    return list(items) + [f"{a}{i}{b}" for i in range(last + 1, blocks) for a, b in tails]
+    """`items` and block `last`'s names as those of blocks last+1 .. blocks-1, made when first
+    read (lazy.py): few read them (predict/memory.py, `inspect`), and every stitched trace
+    has them (Llama-3.1-70B's LoRA modules, 7 a block: 532 names made for each of the ~430
+    traces a warm plan over every platform stitches, a tenth of its time, profiled)."""
+    def made() -> list[str]:
+        tails = [_split(pattern, n) for n in items if _block_of(pattern, n) == last]
+        return list(items) + [f"{a}{i}{b}" for i in range(last + 1, blocks) for a, b in tails]
+    return Lazy(made)
 
 
 def _row_copies(block_rows: list[ModuleRow], pattern, blocks) -> list[ModuleRow]:
