@@ -180,3 +180,21 @@ def test_a_copied_op_record_is_replace_with_the_changes():
     assert c == r._replace(flops=5.0, shape=(1, 2, 3, 8, 0)) and c is not r
     assert type(c) is OpRecord and c.host_ops == 0 and c.module == "m.layers.0"
     assert r.flops == 2.0 and r.shape == (1, 2, 3, 4, 0)          # the original unchanged
+
+
+def test_the_family_key_tells_what_same_shape_family_told(three):
+    """derive/interpolate.py `family_key`: one digest of what the anchors must share (op names,
+    phases, dtypes, recompute flags; event serials and signs; the counts), equal for the same
+    job at two micro-batches, different for a trace whose ops differ; kept on the trace."""
+    from trainplan.trace.derive.interpolate import family_key
+    _job, t = three
+    a, b, c = t[2], t[4], t[8]
+    assert family_key(a) == family_key(b) == family_key(c) and same_shape_family(a, c)
+    assert a.derived.family is not None
+    import dataclasses
+    other = dataclasses.replace(b, ops=list(b.ops[:-1]))     # one op fewer: another family
+    assert family_key(other) != family_key(b) and not same_shape_family(b, other)
+    flipped = dataclasses.replace(b, ops=[r.copied(recompute=not r.recompute) if i == 0 else r
+                                          for i, r in enumerate(b.ops)])
+    assert len(flipped.ops) == len(b.ops)
+    assert not same_shape_family(b, flipped)

@@ -200,3 +200,6 @@ def test_a_cut_trace_keeps_its_whole_stack_replay_so_a_warm_run_replays_nothing(
     assert warm.traced == 0 and warm.loaded == 1
     assert fragmentation(again) == frag
     assert plan is not None and repeat.plan_of(again.derived.whole_of.log) == plan
+    # and what interpolating it compares (derive/interpolate.py `family_key`), made with it
+    cut, back = whole.derived.whole_of, again.derived.whole_of
+    assert back.derived.family is not None and back.derived.family == cut.derived.family

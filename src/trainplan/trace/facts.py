@@ -95,6 +95,7 @@ class TraceDerived:
     # this trace with one block more (`extend`), made once: (made?, the trace or None)
     more: tuple[bool, Trace | None] = (False, None)
     op_table: object | None = None         # predict/optable.py `summarize`
+    family: bytes | None = None            # derive/interpolate.py `family_key`
 
     def share_replays(self, src: TraceDerived) -> None:
         """Take `src`'s replays, made of the same allocations (the same step under other

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ..facts import Trace
 from ..stack import HIGH
 from .allocator import CUDA, MPS, Rules, replay
+from .interpolate import family_key
 from .repeat import whole_events
 from .stitch import read_peaks
 
@@ -84,4 +85,5 @@ def prepare(tr: Trace) -> Trace:
     elif tr.stack.traced == HIGH and tr.stack.blocks > HIGH:
         whole_fragmentation(tr, rules)
         read_peaks(tr)
+    family_key(tr)          # what interpolating it compares (interpolate.py), kept with it
     return tr
