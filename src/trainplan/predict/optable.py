@@ -99,20 +99,22 @@ class OpTable:
                    **ints)
 
 
-def _in_order(ops: list) -> list:
-    """`ops` as a step runs them: a record that appears more than once (a cut trace's last block,
-    repeated for the blocks left out: trace/derive/stitch.py) keeps its first place, and its
-    copies run after the last repeated record of its phase, block after block (module
-    docstring). A repeated record is the same object: counted by its identity within `ops`.
-    Walks the distinct records only (an 80-block model's stitched step holds ~150 of them 77
-    times): the list is made by list and dict operations, not a loop over every record."""
+def _in_order(ops: list) -> tuple[list, list]:
+    """(`ops` as a step runs them, each record once where it first appears): a record that
+    appears more than once (a cut trace's last block, repeated for the blocks left out:
+    trace/derive/stitch.py) keeps its first place, and its copies run after the last repeated
+    record of its phase, block after block (module docstring). A repeated record is the same
+    object: counted by its identity within `ops`. Walks the distinct records only (an
+    80-block model's stitched step holds ~150 of them 77 times): the lists are made by list
+    and dict operations, not a loop over every record."""
     ids = list(map(id, ops))
     times = Counter(ids)
     if len(times) == len(ids):
-        return ops
-    out = list(dict(zip(ids, ops)).values())    # each record once, where it first appears
+        return ops, ops
+    distinct = list(dict(zip(ids, ops)).values())
+    out = list(distinct)
     runs, after = {}, {}
-    for pos, o in enumerate(out):
+    for pos, o in enumerate(distinct):
         if times[id(o)] > 1:
             runs.setdefault(o.phase, []).append(o)
             after[o.phase] = pos + 1
@@ -122,7 +124,7 @@ def _in_order(ops: list) -> list:
         copies = run * n[0] if min(n) == max(n) else \
             [o for c in range(max(n)) for o, k in zip(run, n) if c < k]
         out[after[phase]:after[phase]] = copies
-    return out
+    return out, distinct
 
 
 def summarize(trace) -> OpTable:
@@ -133,13 +135,13 @@ def summarize(trace) -> OpTable:
         return trace
     if trace.derived.op_table is not None:
         return trace.derived.op_table
-    ordered = _in_order(trace.ops)
-    ids = list(map(id, ordered))
+    ordered, distinct = _in_order(trace.ops)
     index: dict[tuple, int] = {}
     keys: list[tuple] = []
     of_record: dict[int, int] = {}          # id(record) -> its row, -1 for one with no work
     host: dict[int, int] = {}
-    for i, o in dict(zip(ids, ordered)).items():
+    for o in distinct:
+        i = id(o)
         host[i] = getattr(o, "host_ops", 0)
         if o.flops == 0 and o.bytes == 0:
             of_record[i] = -1
@@ -153,11 +155,12 @@ def summarize(trace) -> OpTable:
             row = index[key] = len(keys)
             keys.append(key)
         of_record[i] = row
+    ids = list(map(id, ordered))
     every = np.fromiter(map(of_record.__getitem__, ids), dtype=np.int64, count=len(ids))
     worked = every >= 0
     seq = every[worked]
     seq_host = np.fromiter(map(host.__getitem__, ids), dtype=np.int64, count=len(ids))[worked]
-    counts = np.bincount(seq, minlength=len(keys)).tolist()
+    counts = np.bincount(seq, minlength=len(keys))
     if not keys:
         keys, counts = [("none", 2, 3, 0, False, 0.0, 0.0, 0, ())], [0]
     arr = list(zip(*keys))

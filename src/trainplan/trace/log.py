@@ -128,13 +128,13 @@ class TraceLog:
         state = dict(self.__dict__)
         state.pop("structure", None)          # memos: made again where they are read
         state.pop("by_event", None)
-        if self.resized is not None:          # an interpolated log's: its own sizes, not kept
-            state.pop("peaks_memo", None)     # (nor its anchor's plan, which it shares)
+        # a real log's repeat plan is kept: made where it is traced (replays.py `prepare`), 2 ms
+        # a log to make again, a tenth of that to unpickle
+        if self.resized is not None:          # an interpolated log's: its own sizes, not kept,
+            state.pop("peaks_memo", None)     # nor its anchor's plan, which it shares
             state["repeat_plan"] = []
         state["resized"] = None
-        return state                          # a real log's repeat plan is kept: made where it
-                                              # is traced (replays.py `prepare`), 2 ms a log to
-                                              # make again, a tenth of that to unpickle
+        return state
 
 
 class Structure:
