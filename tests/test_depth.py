@@ -67,6 +67,11 @@ def test_cut_trace_gives_the_full_step(name):
     # by block, is traced whole: the test after it)
     assert cut_ev.trace.derived.repeats
     assert cut_ev.memory.required_bytes == pytest.approx(full.memory.required_bytes, rel=0.001)
+    # the largest trainable tensor (ZeRO's and offload's buffers), read off the cut trace's
+    # module table (predict/sharding.py), is the full trace's
+    from trainplan.predict.sharding import largest_trainable_tensor_bytes
+    assert largest_trainable_tensor_bytes(cut_ev.trace) == \
+        largest_trainable_tensor_bytes(full.trace)
 
 
 REPLAYS = {

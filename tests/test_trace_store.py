@@ -160,14 +160,17 @@ def test_a_damaged_file_is_traced_again(where):
 
 def test_the_least_recently_used_are_pruned(where, monkeypatch):
     evaluate(tiny_job(batch_size=4), T4, traces=Traces())
-    files = sorted(where.glob("*.trace"))
-    assert len(files) >= 2
+
+    def kept():            # traces and what is kept beside them (an interpolated trace's peaks)
+        return sorted(p for p in where.iterdir() if p.suffix in store.KINDS)
+    files = kept()
+    assert len(files) >= 2 and {p.suffix for p in files} == {".trace", ".peaks"}
     for i, f in enumerate(files):            # distinct use times: files[-1] used last
         os.utime(f, (1_000_000 + i, 1_000_000 + i))
     monkeypatch.setattr(store, "MAX_BYTES", files[-1].stat().st_size)
     monkeypatch.setattr(store, "_PRUNED", set())
     store._prune(where)
-    assert list(where.glob("*.trace")) == [files[-1]]
+    assert kept() == [files[-1]]
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"])
@@ -203,3 +206,40 @@ def test_a_cut_trace_keeps_its_whole_stack_replay_so_a_warm_run_replays_nothing(
     # and what interpolating it compares (derive/interpolate.py `family_key`), made with it
     cut, back = whole.derived.whole_of, again.derived.whole_of
     assert back.derived.family is not None and back.derived.family == cut.derived.family
+
+
+def test_an_interpolated_cut_trace_keeps_its_peaks_so_a_warm_run_replays_no_log(where,
+                                                                                 monkeypatch):
+    """trace/derive/traces.py `between`: what a plan reads of a trace interpolated between two
+    cut traces (each phase's peak; over one block more and over the whole stack, stitch.py) is
+    stored once read, so the next run reads it there instead of replaying its anchor's memory
+    log at the interpolated sizes, and gets the same peaks and the same whole step."""
+    import trainplan.trace.derive.interpolate as interpolate
+    import trainplan.trace.derive.peaks as peaks_mod
+    from trainplan.trace.derive.anchoring import anchors
+    from trainplan.trace.stack import HIGH, MIN_BLOCKS
+    job = tiny_job(num_layers=MIN_BLOCKS)
+    sem = semantics_for(job, T4)
+    lo, hi = anchors(job)
+    assert hi - lo > 1
+    cold = Traces()
+    whole, interpolated = cold.at(job, sem, lo + 1)
+    assert interpolated and whole.stack is not None and whole.stack.blocks == MIN_BLOCKS
+    cut = whole.derived.whole_of
+    assert cut.log.resized is not None
+    memo = dict(cut.log.peaks_memo)
+    assert set(memo) == {HIGH + 1, MIN_BLOCKS} and all(v is not None for v in memo.values())
+
+    def unread(*a, **kw):
+        raise AssertionError("an anchor's memory log was replayed again")
+    monkeypatch.setattr(interpolate, "phase_peaks_from_log", unread)
+    monkeypatch.setattr(peaks_mod, "_read", unread)
+    warm = Traces()
+    again, interpolated = warm.at(job, sem, lo + 1)
+    assert interpolated and warm.traced == 0
+    assert again.derived.whole_of.phase_peaks == cut.phase_peaks
+    assert dict(again.derived.whole_of.log.peaks_memo) == memo
+    assert (again.phase_peaks, again.peak_allocated_bytes) == \
+        (whole.phase_peaks, whole.peak_allocated_bytes)
+    assert _answers(evaluate(job.with_(batch_size=lo + 1), T4, traces=warm)) == \
+        _answers(evaluate(job.with_(batch_size=lo + 1), T4, traces=Traces(cut=True)))

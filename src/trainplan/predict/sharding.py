@@ -151,9 +151,14 @@ def checkpoint_phase(c: dict[str, float], job, trace, n: int) -> dict[str, float
 
 def largest_trainable_tensor_bytes(trace) -> int:
     """Bytes of the largest trainable parameter tensor (bounded by the largest leaf module's
-    trainable parameters: a leaf holds one weight and maybe a bias), in the trainable dtype."""
-    parents = {m.name.rsplit(".", 1)[0] for m in trace.modules if "." in m.name}
-    leaves = [m for m in trace.modules if m.name != "(total)" and m.name not in parents]
+    trainable parameters: a leaf holds one weight and maybe a bias), in the trainable dtype. A
+    trace stitched from a cut one (trace/derive/stitch.py) has that one's leaves and copies of
+    its last block's, so the largest is read off the cut trace's module table, not the whole
+    stack's (made where first read: an 80-block model's, for each of the ~200 sharded
+    evaluations of a plan over every platform)."""
+    rows = (trace.derived.whole_of or trace).modules
+    parents = {m.name.rsplit(".", 1)[0] for m in rows if "." in m.name}
+    leaves = [m for m in rows if m.name != "(total)" and m.name not in parents]
     largest = max((m.trainable_params for m in leaves), default=trace.params_trainable)
     per_param = trace.trainable_param_bytes / max(1, trace.params_trainable)
     return int(largest * per_param)

@@ -88,8 +88,9 @@ class TraceLog:
     # where a real log is pickled (the trace store: a warm plan over every platform made ~100)
     repeat_plan: list = field(default_factory=list, compare=False, repr=False)
     # a log read off another at other allocation sizes (an interpolated trace's:
-    # derive/interpolate.py): (that log, serial -> bytes here), so that a replay reads that
-    # log's entries with these sizes without making this one's (derive/peaks.py)
+    # derive/interpolate.py): (that log, a function giving serial -> bytes here, made when first
+    # called), so that a replay reads that log's entries with these sizes without making this
+    # one's (derive/peaks.py)
     resized: tuple | None = field(default=None, compare=False, repr=False)
 
     @functools.cached_property

@@ -16,7 +16,8 @@ A trace is kept with what the prediction layer derived from it in the worker tha
 allocator replay, and a cut trace's phase peaks over one block more and the whole stack:
 derive/replays.py `prepare`), so a warm plan replays nothing.
 
-Files: zlib-compressed pickles (about 80 KB for a 1B-parameter LLM's trace) in
+Files: zlib-compressed pickles (about 80 KB for a 1B-parameter LLM's trace; a few hundred bytes
+for the peaks of a trace read off two, `.peaks`: derive/traces.py `between`) in
 `paths.cache_dir()/traces`, written whole (a temporary file, renamed); past `MAX_BYTES` the least recently used are
 removed (once per process). Set
 `TRAINPLAN_TRACE_CACHE=off` to neither read nor write (tests do, conftest.py), or to a folder to
@@ -39,6 +40,7 @@ from ..paths import cache_dir
 from . import lazy
 
 ENV = "TRAINPLAN_TRACE_CACHE"
+KINDS = (".trace", ".peaks")     # traces; an interpolated trace's peaks (derive/traces.py)
 MAX_BYTES = 512 * 2**20
 OFF = ("0", "off", "no", "false", "none")
 
@@ -109,12 +111,13 @@ def key(job, sem, batch: int, depth: int | None) -> str | None:
     return h.hexdigest()
 
 
-def load(name: str | None):
-    """The stored trace, or None (not stored, unreadable, or the store off)."""
+def load(name: str | None, kind: str = "trace"):
+    """The stored trace (or what else of `kind` is kept: "peaks", derive/traces.py), or None
+    (not stored, unreadable, or the store off)."""
     where = folder()
     if name is None or where is None:
         return None
-    path = where / f"{name}.trace"
+    path = where / f"{name}.{kind}"
     try:
         data = path.read_bytes()
         trace = pickle.loads(zlib.decompress(data))
@@ -131,9 +134,10 @@ def load(name: str | None):
     return trace
 
 
-def save(name: str | None, trace) -> None:
-    """Keep `trace` under `name`; a store that cannot be written is skipped silently (it is a
-    cache: the next run traces again)."""
+def save(name: str | None, trace, kind: str = "trace") -> None:
+    """Keep `trace` (or what else of `kind`: `load`) under `name`; a store that cannot be
+    written is skipped silently (it is a cache: the next run traces again). What is kept
+    beside a trace carries the same `sources` where it rests on a `py:` model's code."""
     where = folder()
     if name is None or where is None:
         return
@@ -142,7 +146,7 @@ def save(name: str | None, trace) -> None:
         data = zlib.compress(lazy.dumps(trace), 1)    # lists made on read (lazy.py)
         tmp = where / f".{name}.{os.getpid()}.tmp"     # then renamed: never a partial file
         tmp.write_bytes(data)
-        os.replace(tmp, where / f"{name}.trace")
+        os.replace(tmp, where / f"{name}.{kind}")
         if where not in _PRUNED:
             _PRUNED.add(where)
             _prune(where)
@@ -157,7 +161,9 @@ _PRUNED: set[Path] = set()     # folders pruned by this process (once: a folder 
 def _prune(where: Path) -> None:
     """Remove the least recently used traces while the folder holds over MAX_BYTES."""
     files = []
-    for p in where.glob("*.trace"):
+    for p in where.iterdir():
+        if p.name.startswith(".") or p.suffix not in KINDS:
+            continue
         try:
             st = p.stat()
         except OSError:

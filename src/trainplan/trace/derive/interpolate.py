@@ -18,8 +18,10 @@ that changes with size) b itself is traced.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -52,15 +54,37 @@ def family_key(tr: Trace) -> bytes:
     return key
 
 
+class Peaks(NamedTuple):
+    """What a plan reads of an interpolated trace's memory (`peaks_read`): each phase's peaks by
+    category, and over whole stacks of other depths (a cut trace's `TraceLog.peaks_memo`, read
+    by stitch.py). A few hundred bytes where the replays that give them read the anchor's whole
+    memory log (a warm Llama-3.2-1B plan over every platform: 108 interpolated traces, about a
+    quarter of its time)."""
+
+    phases: dict
+    stacks: dict
+    sources: dict          # the anchors' `py:` model files (trace/store.py reads them back
+                           # only while those are unchanged, as it reads the anchors)
+
+
+def peaks_read(tr: Trace, lo: Trace, hi: Trace) -> Peaks:
+    """The peaks of `tr`, interpolated between `lo` and `hi`, read so far (`Peaks`)."""
+    return Peaks(tr.phase_peaks, dict(tr.log.peaks_memo),
+                 {**(lo.sources or {}), **(hi.sources or {})})
+
+
 def _line(x0: list[float], x1: list[float], f: float) -> np.ndarray:
     """x0 + f (x1 - x0), elementwise, never below 0 (a size or a count)."""
     a = np.asarray(x0, dtype=np.float64)
     return np.maximum(0.0, a + f * (np.asarray(x1, dtype=np.float64) - a))
 
 
-def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False) -> Trace:
+def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False,
+                  known: Peaks | None = None) -> Trace:
     """The trace at `batch`, lo.batch_size < batch < hi.batch_size, by affine interpolation (or,
-    with `extrapolate`, batch > hi.batch_size along the same line; no count goes below 0)."""
+    with `extrapolate`, batch > hi.batch_size along the same line; no count goes below 0).
+    `known`: its peaks as an earlier run read them (`peaks_read`, kept in the trace store by
+    traces.py), so that neither anchor's memory log is decoded nor replayed for them again."""
     b0, b1 = lo.batch_size, hi.batch_size
     if not (b0 < batch < b1 or extrapolate and batch > b1 > b0):
         raise ValueError(f"batch {batch} is not strictly between {b0} and {b1}")
@@ -93,27 +117,40 @@ def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False) -
     # every allocation's size is affine in the batch (frees carry the size negated); the phase
     # peaks are recomputed from the sizes exactly as the tracer computes them, since which
     # allocation reaches a phase's peak can change as b grows
-    a0 = [e for e in lo.log.memory if type(e) is Alloc]
-    a1 = [e.nbytes for e in hi.log.memory if type(e) is Alloc]
-    k = np.rint(_line([e.nbytes for e in a0], a1, f)).astype(np.int64).tolist()
-    sizes = {e.serial: kk for e, kk in zip(a0, k)}          # storage serial -> bytes at `batch`
-    events = Lazy(lambda: [Event(serial, sizes[serial] if n > 0 else -sizes[serial])
-                           for serial, n in lo.log.events])
-    log = Lazy(lambda: [Alloc(e.serial, sizes[e.serial], e.category, e.phase)
-                        if type(e) is Alloc else e for e in lo.log.memory])
-    phase_peaks = phase_peaks_from_log(lo.log.memory, sizes)
+    @functools.cache
+    def sizes() -> dict[int, int]:      # storage serial -> bytes at `batch`, made where read
+        a0 = [e for e in lo.log.memory if type(e) is Alloc]
+        a1 = [e.nbytes for e in hi.log.memory if type(e) is Alloc]
+        k = np.rint(_line([e.nbytes for e in a0], a1, f)).astype(np.int64).tolist()
+        return {e.serial: kk for e, kk in zip(a0, k)}
+
+    def events():
+        at = sizes()
+        return [Event(serial, at[serial] if n > 0 else -at[serial])
+                for serial, n in lo.log.events]
+
+    def log():
+        at = sizes()
+        return [Alloc(e.serial, at[e.serial], e.category, e.phase) if type(e) is Alloc else e
+                for e in lo.log.memory]
+
+    phase_peaks = known.phases if known is not None else \
+        phase_peaks_from_log(lo.log.memory, sizes())
     peak_phase = max(phase_peaks, key=lambda ph: phase_peaks[ph][0])
-    modules = [ModuleRow(a.name, a.depth, a.params, a.trainable_params,
-                         whole(a.activation_bytes, b.activation_bytes),
-                         num(a.flops_forward, b.flops_forward), num(a.flops_backward, b.flops_backward))
-               for a, b in zip(lo.modules, hi.modules)]
+    modules = Lazy(lambda: [        # made where read (inspect, predict/memory.py)
+        ModuleRow(a.name, a.depth, a.params, a.trainable_params,
+                  whole(a.activation_bytes, b.activation_bytes),
+                  num(a.flops_forward, b.flops_forward), num(a.flops_backward, b.flops_backward))
+        for a, b in zip(lo.modules, hi.modules)])
     timeline = Lazy(lambda: [(p, whole(x, y)) for (p, x), (_q, y) in    # made where read
                              zip(lo.log.timeline, hi.log.timeline)]
                     if len(lo.log.timeline) == len(hi.log.timeline) else list(hi.log.timeline))
     # the same step: what repeats where over a whole stack is hi's (repeat.py); so are its
     # blocks, marks and gradients, at the interpolated sizes
-    tl = TraceLog(log, events, hi.log.blocks, hi.log.marks, hi.log.gradients, timeline,
-                  repeat_plan=hi.log.repeat_plan, resized=(lo.log, sizes))
+    tl = TraceLog(Lazy(log), Lazy(events), hi.log.blocks, hi.log.marks, hi.log.gradients,
+                  timeline, repeat_plan=hi.log.repeat_plan, resized=(lo.log, sizes))
+    if known is not None:
+        tl.peaks_memo.update(known.stacks)
     return replace(
         hi, batch_size=batch, ops=ops, log=tl, phase_peaks=phase_peaks,
         peak_phase=peak_phase, peak_allocated_bytes=phase_peaks[peak_phase][0],

@@ -52,6 +52,7 @@ def _read(hl: TraceLog, depths: list[int]) -> dict[int, PhasePeaks]:
     if plan is None or not depths:
         return {}
     base, sizes = hl.resized or (hl, None)     # an interpolated log: its anchor's, resized
+    sizes = sizes() if callable(sizes) else sizes    # (interpolate.py: made where read)
     entry, after = base.by_event
     if len(entry) != len(base.events):
         return {}

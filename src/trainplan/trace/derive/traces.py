@@ -23,8 +23,9 @@ from ...models import stack_hint
 from ..facts import Trace
 from ..semantics import KernelSemantics
 from ..stack import EXACT_BLOCKS, HIGH, LOW, MIN_BLOCKS
-from .anchoring import anchors
-from .interpolate import same_shape_family, trace_between
+from .. import store
+from .anchoring import anchors, trace_job
+from .interpolate import Peaks, peaks_read, same_shape_family, trace_between
 from .repeat import repeats
 from .rounds import every
 from .schedule import Scheduling
@@ -45,6 +46,8 @@ class Traces(Scheduling):
         self._depths: dict[tuple, int | None] = {}  # (model, dims) -> blocks its config names,
                                                     # None once traced whole (_traced_whole)
         self._whole: dict[tuple, tuple[Trace, bool]] = {}   # stitched traces
+        self._unsaved: dict[int, tuple] = {}     # interpolated cut traces whose peaks are
+                                                 # stored once read: (name, it, its anchors)
         self._cut = cut
 
     def _cuts(self, job, sem: KernelSemantics) -> bool:
@@ -100,8 +103,27 @@ class Traces(Scheduling):
         if batch in (lo, hi) or not self.on_line(job, sem, lo, hi, depth):
             return self._real(job, sem, batch, depth)
         t_lo, t_hi = self._real(job, sem, lo, depth), self._real(job, sem, hi, depth)
-        self._between[memo] = trace_between(t_lo, t_hi, batch, extrapolate=batch > hi)
-        return self._between[memo]
+        name = store.key(trace_job(job), sem, f"{batch} on {lo}-{hi}", depth)
+        known = store.load(name, "peaks")
+        tr = self._between[memo] = trace_between(
+            t_lo, t_hi, batch, extrapolate=batch > hi,
+            known=known if isinstance(known, Peaks) else None)
+        if not isinstance(known, Peaks):
+            if depth is None:
+                store.save(name, peaks_read(tr, t_lo, t_hi), "peaks")
+            else:                 # once stitch.py has read its peaks over the stack
+                self._unsaved[id(tr)] = (name, tr, t_lo, t_hi)
+        return tr
+
+    def _keep_peaks(self, *parts: Trace) -> None:
+        """Store what was read of each interpolated cut trace in `parts` (`between`): the next
+        plan of the job reads its peaks without replaying its anchors' logs."""
+        for tr in parts:
+            if tr is None:
+                continue
+            name, *made = self._unsaved.pop(id(tr), (None,))
+            if name is not None:
+                store.save(name, peaks_read(*made), "peaks")
 
     def on_line(self, job, sem: KernelSemantics, lo: int | None = None,
                 hi: int | None = None, depth: int | None = None) -> bool:
@@ -133,9 +155,11 @@ class Traces(Scheduling):
             hi, between = part(HIGH)
             more = one_more(hi)
             whole = stitch(hi, more, tagged=hi) if more is not None else None
+            lo = None
             if whole is None and self._reads_low(hi):
                 lo, lo_between = part(LOW)
                 whole, between = stitch(lo, hi), between or lo_between
+            self._keep_peaks(hi, lo)
             if whole is not None and not whole.derived.repeats and \
                     whole.stack.blocks < EXACT_BLOCKS:
                 whole = None      # the allocator's waste only within a band: traced whole
