@@ -243,3 +243,27 @@ def test_an_interpolated_cut_trace_keeps_its_peaks_so_a_warm_run_replays_no_log(
         (whole.phase_peaks, whole.peak_allocated_bytes)
     assert _answers(evaluate(job.with_(batch_size=lo + 1), T4, traces=warm)) == \
         _answers(evaluate(job.with_(batch_size=lo + 1), T4, traces=Traces(cut=True)))
+
+
+def test_a_stored_trace_unpickles_its_module_table_and_repeat_plan_where_read(where):
+    """trace/lazy.py, log.py: a stored cut trace's module table and its log's repeat plan come
+    back as their pickles, made where first read: a plan over every platform asks of most only
+    whether the plan exists (repeat.py `repeats`). Made, each is the one stored."""
+    import pickle
+    from trainplan.trace import lazy
+    from trainplan.trace.derive import repeat
+    from trainplan.trace.derive.replays import prepare
+    from trainplan.trace.stack import HIGH, MIN_BLOCKS
+    from trainplan.trace.tracer import trace_step
+    job = tiny_job(num_layers=MIN_BLOCKS)
+    made = prepare(trace_step(job, semantics_for(job, T4), 2, depth=HIGH))
+    plan = repeat.plan_of(made.log)
+    assert plan is not None and len(made.modules) >= lazy.PACKED_AT["modules"]
+    back = pickle.loads(lazy.dumps(made))
+    assert type(back.modules) is lazy.Lazy and type(back.log.repeat_plan[0]) is bytes
+    assert repeat.repeats(back, MIN_BLOCKS)
+    assert type(back.log.repeat_plan[0]) is bytes           # answered without unpickling it
+    assert back.modules == made.modules and repeat.plan_of(back.log) == plan
+    # a log whose events do not repeat keeps None, and says so
+    made.log.repeat_plan[0] = None
+    assert pickle.loads(lazy.dumps(made)).log.repeat_plan == [None]

@@ -60,8 +60,11 @@ class OpRecord(NamedTuple):
 _OP_FIELD = {name: i for i, name in enumerate(OpRecord._fields)}
 
 
-@dataclass
-class ModuleRow:
+class ModuleRow(NamedTuple):
+    """One module's row of the module table (`inspect`): its parameters, the activations it
+    saves and the FLOPs of its subtree. A named tuple, as `OpRecord`: a stored trace's table
+    unpickles as plain tuples (lazy.py), made where first read."""
+
     name: str
     depth: int
     params: int

@@ -26,8 +26,11 @@ import pickle
 
 PACKED = 512          # lists at least this long are pickled on their own (`dumps`)
 # the dataclass fields whose lists are packed: a Trace's op records, its log's memory entries,
-# events, their blocks and the live-bytes timeline (tens of thousands of records each)
-FIELDS = frozenset({"ops", "memory", "events", "blocks", "timeline"})
+# events, their blocks and the live-bytes timeline (tens of thousands of records each), and
+# its module table (a few hundred rows, read by few: `inspect`, predict/memory.py, the fix
+# ladder's frozen-embeddings rung), packed from a shorter length (`PACKED_AT`)
+FIELDS = frozenset({"ops", "memory", "events", "blocks", "timeline", "modules"})
+PACKED_AT = {"modules": 32}
 
 
 class Made(list):
@@ -180,12 +183,13 @@ class _Pack(list):
         return (_unpacked, (_encode(self),))
 
 
-def _marked(x, depth: int):
-    """`x` with its long lists marked, looking `depth` dataclasses deep (a Trace, its log)."""
+def _marked(x, depth: int, packed: int = PACKED):
+    """`x` with its long lists (`packed` items or more) marked, looking `depth` dataclasses
+    deep (a Trace, its log)."""
     if type(x) is Lazy:              # not yet made: pickles as its own bytes again
         return x
     if type(x) is list or type(x) is Made:
-        return _Pack(x) if len(x) >= PACKED else x
+        return _Pack(x) if len(x) >= packed else x
     if depth and dataclasses.is_dataclass(x) and not isinstance(x, type):
         changes = {}
         for f in dataclasses.fields(x):
@@ -193,7 +197,7 @@ def _marked(x, depth: int):
                 v = getattr(x, f.name)
                 if not dataclasses.is_dataclass(v) and f.name not in FIELDS:
                     continue
-                m = _marked(v, depth - 1)
+                m = _marked(v, depth - 1, PACKED_AT.get(f.name, PACKED))
                 if m is not v:
                     changes[f.name] = m
         if not changes:

@@ -22,6 +22,7 @@ accumulated, interpolated: trace/derive/) gets a log of its own.
 from __future__ import annotations
 
 import functools
+import pickle
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -130,10 +131,16 @@ class TraceLog:
         state.pop("structure", None)          # memos: made again where they are read
         state.pop("by_event", None)
         # a real log's repeat plan is kept: made where it is traced (replays.py `prepare`), 2 ms
-        # a log to make again, a tenth of that to unpickle
+        # a log to make again, a tenth of that to unpickle, as the bytes of its own pickle,
+        # unpickled where read (derive/repeat.py `plan_of`): a plan from stored traces asks
+        # only whether there is one (`repeats`) of most
         if self.resized is not None:          # an interpolated log's: its own sizes, not kept,
             state.pop("peaks_memo", None)     # nor its anchor's plan, which it shares
             state["repeat_plan"] = []
+        elif self.repeat_plan and self.repeat_plan[0] is not None:
+            plan = self.repeat_plan[0]
+            state["repeat_plan"] = [plan if type(plan) is bytes else
+                                    pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)]
         state["resized"] = None
         return state
 

@@ -26,6 +26,7 @@ changes after it. None where the events do not repeat block by block.
 from __future__ import annotations
 
 import enum
+import pickle
 from typing import NamedTuple
 
 from ..log import Alloc, Event, Free, Retag, TraceLog
@@ -62,15 +63,24 @@ class Plan(NamedTuple):
 
 
 def plan_of(log: TraceLog) -> Plan | None:
-    """The log's repeat plan, made once per log (TraceLog.repeat_plan)."""
+    """The log's repeat plan, made once per log (TraceLog.repeat_plan; a stored log's kept as
+    its pickle, unpickled here where first read)."""
     if not log.repeat_plan:
         log.repeat_plan.append(_repeat_plan(log))
-    return log.repeat_plan[0]
+    plan = log.repeat_plan[0]
+    if type(plan) is bytes:
+        plan = log.repeat_plan[0] = pickle.loads(plan)
+    return plan
 
 
 def repeats(hi, blocks: int) -> bool:
-    """Whether the cut trace's events repeat block by block (`whole_events` is not None)."""
-    return blocks > HIGH and plan_of(hi.log) is not None
+    """Whether the cut trace's events repeat block by block (`whole_events` is not None): a
+    stored plan is one (TraceLog.__getstate__ keeps none as None)."""
+    if blocks <= HIGH:
+        return False
+    if hi.log.repeat_plan and type(hi.log.repeat_plan[0]) is bytes:
+        return True
+    return plan_of(hi.log) is not None
 
 
 def whole_events(hi, blocks: int) -> list[Event] | None:
