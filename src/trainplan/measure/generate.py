@@ -21,6 +21,7 @@ fits apart from training steps (measure/calibrate.py).
 from __future__ import annotations
 
 import shlex
+import statistics
 import sys
 import time
 
@@ -104,7 +105,7 @@ def run_generation(job: Job, prompt_len: int, completion_len: int, steps: int = 
                 raise TrainplanError(f"generate returned {tokens.shape[1] - prompt_len} new "
                                      f"tokens, not {completion_len}.")
             rec.step()
-    prefill_s = sorted(prefill)[len(prefill) // 2]
+    prefill_s = statistics.median(prefill)      # as the generate calls' (recorder.py)
     del model, bundle
     if dev.type == "cuda":
         torch.cuda.empty_cache()
