@@ -13,6 +13,7 @@ from trainplan.spec import Job, Lora
 from trainplan.trace.stack import cut, repeated_stack
 
 LLAMA = Job(model="hf:meta-llama/Llama-3.2-1B", seq_len=128, precision="bf16-amp")
+TORCHAO_QLORA = LLAMA.with_(lora=Lora(), quantize="torchao-nf4", precision="bf16")
 CASES = {
     "llama": (LLAMA, "a100-80gb", 4),
     "llama-full-ckpt": (LLAMA.with_(grad_checkpointing="full"), "a100-80gb", 4),
@@ -27,6 +28,9 @@ CASES = {
     # memory-efficient attention at 1024 tokens: the backward peaks at another place with 5
     # blocks than with 4 (stitch.py `_peaks_replayed`)
     "llama-efficient-s1024": (LLAMA.with_(seq_len=1024), "v100-sxm2-32gb", 1),
+    # torchtune's QLoRA (torchao NF4 base, no checkpointing): each block's output freed once
+    # the next block has run, between the two (repeat.py `_outputs_freed_late`)
+    "llama-qlora-torchao": (TORCHAO_QLORA, "h100-sxm", 2),
 }
 
 
@@ -81,6 +85,7 @@ REPLAYS = {
                                               optimizer="adamw-8bit"),
     "gpt2-fp16": Job(model="hf:openai-community/gpt2-medium", seq_len=128, precision="fp16-amp"),
     "llama-lora-mps": LLAMA.with_(lora=Lora()),
+    "llama-qlora-torchao": TORCHAO_QLORA,
 }
 ON = {"llama-lora-mps": "m3-max-128gb"}     # default: a100-80gb
 
@@ -125,6 +130,7 @@ EXTENDS = {
     "gpt2-fp16": Job(model="hf:openai-community/gpt2-medium", seq_len=128, precision="fp16-amp"),
     "llama-mps": LLAMA.with_(grad_checkpointing="full"),
     "llama-lora-mps": LLAMA.with_(lora=Lora()),
+    "llama-qlora-torchao": TORCHAO_QLORA,
 }
 ON["llama-mps"] = "m3-max-128gb"
 

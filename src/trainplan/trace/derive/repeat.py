@@ -97,8 +97,10 @@ def _repeat_plan(log: TraceLog) -> Plan | None:
         return None
     runs = _runs(tags)
     plan = _plan_for(events, _split_turns(runs, events, HIGH - 1, HIGH - 2))
-    if plan is None:
-        merged = _merge_lagging_frees(runs, events)
+    for regroup in (_merge_lagging_frees, _outputs_freed_late):
+        if plan is not None:
+            break
+        merged = regroup(runs, events)
         if merged != runs:
             plan = _plan_for(events, _split_turns(merged, events, HIGH - 1, HIGH - 2))
     return plan
@@ -323,6 +325,31 @@ def _merge_lagging_frees(runs, events):
                 all(events[st + m].nbytes == events[sp + m].nbytes for m in range(np_)):
             out[i:i + 1] = [(t, st, np_), (-1, st + np_, 1)]
     return out
+
+
+def _outputs_freed_late(runs, events):
+    """`runs` with each block's output freed after the next block has run taken into that next
+    block's run. Where the blocks save nothing of their input for the backward (a frozen base
+    whose linear layers keep no activation: torchao's NF4 weights under LoRA), block k-1's
+    output lives until block k returns, and is freed between block k's run and block k+1's
+    (tagged -1: no block is running), or at the start of the head's run after the last block.
+    Taken into block k's run, it frees the previous block's allocation (`Recipe.FREE_PREV`), as
+    each copy frees the copy's before it. Tried only where the runs as tagged do not repeat
+    (`_repeat_plan`), so what repeated before repeats as before."""
+    born: dict[int, int] = {}          # serial -> the block it was allocated in
+    for tag, start, n in runs:
+        if tag >= 0:
+            for m in range(n):
+                serial, nbytes = events[start + m]
+                if nbytes > 0:
+                    born[serial] = tag
+    out = list(runs)
+    for i in range(len(out) - 1):
+        (k, sk, nk), (g, sg, ng) = out[i], out[i + 1]
+        if k >= 1 and g == -1 and ng >= 1 and events[sg].nbytes < 0 and \
+                born.get(events[sg].serial) == k - 1:
+            out[i], out[i + 1] = (k, sk, nk + 1), (-1, sg + 1, ng - 1)
+    return [r for r in out if r[2] > 0]
 
 
 def _split_turns(runs, events, T: int, P: int):
