@@ -162,7 +162,7 @@ def test_the_least_recently_used_are_pruned(where, monkeypatch):
     evaluate(tiny_job(batch_size=4), T4, traces=Traces())
 
     def kept():            # traces and what is kept beside them (an interpolated trace's peaks)
-        return sorted(p for p in where.iterdir() if p.suffix in store.KINDS)
+        return sorted(p for p in where.iterdir() if p.suffix[1:] in store.KINDS)
     files = kept()
     assert len(files) >= 2 and {p.suffix for p in files} == {".trace", ".peaks"}
     for i, f in enumerate(files):            # distinct use times: files[-1] used last

@@ -40,7 +40,7 @@ from ..paths import cache_dir
 from . import lazy
 
 ENV = "TRAINPLAN_TRACE_CACHE"
-KINDS = (".trace", ".peaks")     # traces; an interpolated trace's peaks (derive/traces.py)
+KINDS = ("trace", "peaks")       # traces; an interpolated trace's peaks (derive/traces.py)
 MAX_BYTES = 512 * 2**20
 OFF = ("0", "off", "no", "false", "none")
 
@@ -162,7 +162,7 @@ def _prune(where: Path) -> None:
     """Remove the least recently used traces while the folder holds over MAX_BYTES."""
     files = []
     for p in where.iterdir():
-        if p.name.startswith(".") or p.suffix not in KINDS:
+        if p.name.startswith(".") or p.suffix[1:] not in KINDS:
             continue
         try:
             st = p.stat()

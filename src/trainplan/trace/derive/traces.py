@@ -105,10 +105,10 @@ class Traces(Scheduling):
         t_lo, t_hi = self._real(job, sem, lo, depth), self._real(job, sem, hi, depth)
         name = store.key(trace_job(job), sem, f"{batch} on {lo}-{hi}", depth)
         known = store.load(name, "peaks")
-        tr = self._between[memo] = trace_between(
-            t_lo, t_hi, batch, extrapolate=batch > hi,
-            known=known if isinstance(known, Peaks) else None)
-        if not isinstance(known, Peaks):
+        known = known if isinstance(known, Peaks) else None     # absent, or not what it says
+        tr = self._between[memo] = trace_between(t_lo, t_hi, batch, extrapolate=batch > hi,
+                                                 known=known)
+        if known is None:
             if depth is None:
                 store.save(name, peaks_read(tr, t_lo, t_hi), "peaks")
             else:                 # once stitch.py has read its peaks over the stack
