@@ -14,6 +14,9 @@ from trainplan.trace.stack import cut, repeated_stack
 
 LLAMA = Job(model="hf:meta-llama/Llama-3.2-1B", seq_len=128, precision="bf16-amp")
 TORCHAO_QLORA = LLAMA.with_(lora=Lora(), quantize="torchao-nf4", precision="bf16")
+# BERT's layers free each block's last gradient once the block below has begun its backward
+# (repeat.py `_gradients_freed_late`)
+BERT = Job(model="hf:google-bert/bert-large-uncased", seq_len=128, precision="fp32")
 CASES = {
     "llama": (LLAMA, "a100-80gb", 4),
     "llama-full-ckpt": (LLAMA.with_(grad_checkpointing="full"), "a100-80gb", 4),
@@ -31,6 +34,8 @@ CASES = {
     # torchtune's QLoRA (torchao NF4 base, no checkpointing): each block's output freed once
     # the next block has run, between the two (repeat.py `_outputs_freed_late`)
     "llama-qlora-torchao": (TORCHAO_QLORA, "h100-sxm", 2),
+    "bert": (BERT, "v100-16gb", 4),
+    "bert-lora-full-ckpt": (BERT.with_(lora=Lora(), grad_checkpointing="full"), "t4", 4),
 }
 
 
@@ -67,9 +72,13 @@ def test_cut_trace_gives_the_full_step(name):
     assert cut_ev.trace.phase_peaks == full.trace.phase_peaks
     assert cut_ev.memory.peak_allocated_bytes == full.memory.peak_allocated_bytes
     # the allocator's waste: the replay of the whole stack's allocations is the full trace's
-    # (`test_whole_stack_replay_is_the_full_traces`; BERT, whose allocations do not repeat block
-    # by block, is traced whole: the test after it)
+    # (`test_whole_stack_replay_is_the_full_traces`; a stack whose allocations do not repeat
+    # block by block is traced whole: the test after it)
     assert cut_ev.trace.derived.repeats
+    # the module table (`inspect`): every row's parameters and activations
+    assert [(m.name, m.params, m.trainable_params, m.activation_bytes)
+            for m in cut_ev.trace.modules] == \
+        [(m.name, m.params, m.trainable_params, m.activation_bytes) for m in full.trace.modules]
     assert cut_ev.memory.required_bytes == pytest.approx(full.memory.required_bytes, rel=0.001)
     # the largest trainable tensor (ZeRO's and offload's buffers), read off the cut trace's
     # module table (predict/sharding.py), is the full trace's
@@ -86,8 +95,18 @@ REPLAYS = {
     "gpt2-fp16": Job(model="hf:openai-community/gpt2-medium", seq_len=128, precision="fp16-amp"),
     "llama-lora-mps": LLAMA.with_(lora=Lora()),
     "llama-qlora-torchao": TORCHAO_QLORA,
+    # BERT (plain: test_cut_trace_gives_the_full_step) with LoRA, which also frees outputs
+    # late, on MPS, which also lags in its optimizer loop: the three regroupings together
+    "bert-lora-mps": BERT.with_(lora=Lora()),
+    # the other stacks the regroupings made repeat (docs/speed.md)
+    "roberta": Job(model="hf:FacebookAI/roberta-large", seq_len=128, precision="fp32"),
+    "opt-lora-mps": Job(model="hf:facebook/opt-350m", seq_len=128, precision="fp32",
+                        lora=Lora()),
+    "roberta-torchao": Job(model="hf:FacebookAI/roberta-large", seq_len=128, precision="bf16",
+                           lora=Lora(), quantize="torchao-nf4"),
 }
-ON = {"llama-lora-mps": "m3-max-128gb"}     # default: a100-80gb
+ON = {"llama-lora-mps": "m3-max-128gb", "bert-lora-mps": "m3-max-128gb",   # else a100-80gb
+      "opt-lora-mps": "m3-max-128gb"}
 
 
 @pytest.mark.parametrize("name", list(REPLAYS))
@@ -131,6 +150,14 @@ EXTENDS = {
     "llama-mps": LLAMA.with_(grad_checkpointing="full"),
     "llama-lora-mps": LLAMA.with_(lora=Lora()),
     "llama-qlora-torchao": TORCHAO_QLORA,
+    "bert-full-ckpt": BERT.with_(grad_checkpointing="full"),
+    "bert-lora": BERT.with_(lora=Lora()),
+    # the head keeps nothing of the last block's output (a frozen linear under LoRA) where the
+    # next block's checkpoint keeps an inner block's (tracer.py `_last_block`)
+    "bert-lora-full-ckpt": BERT.with_(lora=Lora(), grad_checkpointing="full"),
+    "llama-qlora-torchao-full-ckpt": TORCHAO_QLORA.with_(grad_checkpointing="full"),
+    "roberta-lora-full-ckpt": Job(model="hf:FacebookAI/roberta-large", seq_len=128,
+                                  precision="fp32", lora=Lora(), grad_checkpointing="full"),
 }
 ON["llama-mps"] = "m3-max-128gb"
 
@@ -237,14 +264,34 @@ def test_a_cut_model_is_traced_at_one_depth(monkeypatch):
     assert old.trace.phase_peaks == ev.trace.phase_peaks
 
 
-def test_a_stack_whose_allocations_do_not_repeat_is_traced_whole_below_40_blocks():
-    """BERT allocates between its layers (no block's hook runs), so its cut trace's events do
-    not repeat block by block: a 24-block BERT is traced whole rather than take the 4-block
-    replay's band (trace/stack.py EXACT_BLOCKS)."""
-    job = Job(model="hf:google-bert/bert-large-uncased", seq_len=128, precision="fp32",
-              batch_size=4)
-    ev = evaluate(job, get_accelerator("v100-16gb"), traces=Traces(), strict=False)
+def test_a_stack_whose_allocations_do_not_repeat_is_traced_whole_below_40_blocks(monkeypatch):
+    """Where a cut trace's events do not repeat block by block (no bundled model's since BERT's
+    do, repeat.py `_gradients_freed_late`: made so here), a 24-block stack is traced whole rather
+    than take the 4-block replay's band (trace/stack.py EXACT_BLOCKS)."""
+    from trainplan.trace.derive import repeat
+    monkeypatch.setattr(repeat, "_repeat_plan", lambda log: None)
+    monkeypatch.setenv("TRAINPLAN_TRACE_CACHE", "off")     # no repeat plan stored with a trace
+    ev = evaluate(BERT.with_(batch_size=4), get_accelerator("v100-16gb"), traces=Traces(),
+                  strict=False)
     assert ev.trace.stack is None
+
+
+@pytest.mark.parametrize("ckpt", ["none", "full"])
+def test_a_deberta_whose_copies_cannot_be_placed_is_not_read_off_its_cut(ckpt):
+    """A LoRA'd DeBERTa's runs repeat (`_gradients_freed_late`), but not what its copies free:
+    its head frees an allocation of every block, blocks P .. 0 and then the last, and under
+    checkpointing a tensor of each block is freed in a later run of an earlier block; one copy
+    more would leave an allocation alive that block T does not (repeat.py `_balanced`), so the
+    cut trace is not read off: traced whole."""
+    from trainplan.predict.target import semantics_for
+    from trainplan.trace.derive import trace_job
+    from trainplan.trace.derive.repeat import whole_events
+    from trainplan.trace.stack import HIGH
+    from trainplan.trace.tracer import trace_step
+    job = trace_job(Job(model="hf:microsoft/deberta-v3-large", seq_len=128, precision="fp32",
+                        lora=Lora(), grad_checkpointing=ckpt))
+    hi = trace_step(job, semantics_for(job, get_accelerator("a100-80gb")), 2, depth=HIGH)
+    assert hi.stack is not None and whole_events(hi, hi.stack.blocks) is None
 
 
 def test_fp16_job_reads_its_bf16_twin(monkeypatch):

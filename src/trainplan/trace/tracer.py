@@ -227,8 +227,11 @@ def _run(job, semantics: KernelSemantics, batch: int, setup: _Setup, extra_mode)
 def _last_block(block: torch.nn.Module, counter: StepCounter) -> dict[str, float]:
     """What the last block of a cut stack adds to the trace's totals (what one more alike block
     adds: derive/stitch.py `extend`): its parameters, their bytes as stored, trainable, as
-    gradients and as optimizer state, and the activations and autocast casts it left live at the
-    end of the forward."""
+    gradients and as optimizer state, and the activations and autocast casts left live at the end
+    of the forward by the block before it, which one more block turns it into: the last block's
+    output is kept by the head only where the head needs it for its backward (a frozen linear
+    under LoRA does not), where an inner block's is kept by the block after it (its
+    checkpoint's input)."""
     total, trainable = count_parameters(block)
     uniq = {id(p): p for p in block.parameters()}.values()
     live = counter.last_block_live
@@ -291,9 +294,10 @@ def _forward_backward(job, bundle, batch: int, semantics, model, counter: StepCo
                 activation_bytes = counter.by_cat["activations"]
                 weight_cast_bytes = counter.by_cat["weight_casts"]
                 act_by_module = counter.live_by_module("activations")
-                if counter.tag_blocks:   # the last block's share (`_last_block`)
+                if counter.tag_blocks:   # an inner block's share (`_last_block`)
+                    inner = max(counter.last_block - 1, 0)
                     counter.last_block_live = {
-                        k: counter.live_by_block(k, counter.last_block)
+                        k: counter.live_by_block(k, inner)
                         for k in ("activations", "weight_casts")}
             gc.collect()
             counter.phase, counter.default_category = "backward", "temporaries"

@@ -26,6 +26,7 @@ changes after it. None where the events do not repeat block by block.
 from __future__ import annotations
 
 import enum
+import itertools
 import pickle
 from typing import NamedTuple
 
@@ -97,13 +98,15 @@ def _repeat_plan(log: TraceLog) -> Plan | None:
         return None
     runs = _runs(tags)
     plan = _plan_for(events, _split_turns(runs, events, HIGH - 1, HIGH - 2))
-    for regroup in (_merge_lagging_frees, _outputs_freed_late):
+    for regroups in REGROUPS:
         if plan is not None:
             break
-        merged = regroup(runs, events)
+        merged = runs
+        for regroup in regroups:
+            merged = regroup(merged, events)
         if merged != runs:
             plan = _plan_for(events, _split_turns(merged, events, HIGH - 1, HIGH - 2))
-    return plan
+    return plan if plan is None or _balanced(events, plan, tags) else None
 
 
 def _plan_for(events, runs) -> Plan | None:
@@ -141,6 +144,24 @@ def _plan_for(events, runs) -> Plan | None:
             if every[i] is None:
                 return None
     return Plan(runs, template, relation, pos, every)
+
+
+def _balanced(events, plan: Plan, tags: list[int]) -> bool:
+    """Whether one copy more leaves alive at the step's end what block T does: as many
+    allocations alive as the cut trace, and block T's again. A free the copies do not repeat
+    (DeBERTa under checkpointing: a tensor of each block freed in a later run of an earlier
+    block, emitted once for block T) would leave each copy's alive."""
+    def alive(evs) -> set[int]:
+        out: set[int] = set()
+        for serial, nbytes in evs:
+            if nbytes > 0:
+                out.add(serial)
+            elif nbytes < 0:
+                out.discard(serial)
+        return out
+    mine = alive(events)
+    last = {serial for (serial, nbytes), tag in zip(events, tags) if nbytes > 0 and tag == HIGH - 1}
+    return len(alive(_emit(events, plan, HIGH + 1))) == len(mine) + len(mine & last)
 
 
 def _relations(events, runs, template, counterpart, pos) -> dict | None:
@@ -352,6 +373,32 @@ def _outputs_freed_late(runs, events):
     return [r for r in out if r[2] > 0]
 
 
+def _gradients_freed_late(runs, events):
+    """`runs` with the free that opens a block's backward run taken into the run before it,
+    where it frees an allocation of that run's block. A stack whose blocks allocate between
+    their hooks (BERT's layers: the head's gradient and each block's are made outside any
+    block's hook) frees block k's last gradient once block k-1's backward has begun: the first
+    event of block k-1's run frees block k's allocation, and the last block's is freed by the
+    head before that block's run, so block T's run is one event shorter than block P's. Taken
+    back into block k's run, each block's run ends by freeing its own allocation
+    (`Recipe.FREE_OWN`), the events keep their order and each copy frees its own. Tried only
+    where the runs as tagged and the other regroupings do not repeat (`_repeat_plan`)."""
+    born: dict[int, int] = {}          # serial -> the block it was allocated in
+    for tag, start, n in runs:
+        if tag >= 0:
+            for m in range(n):
+                serial, nbytes = events[start + m]
+                if nbytes > 0:
+                    born[serial] = tag
+    out = list(runs)
+    for i in range(len(out) - 1):
+        (k, sk, nk), (g, sg, ng) = out[i], out[i + 1]
+        if k >= 1 and g == k - 1 and ng >= 1 and events[sg].nbytes < 0 and \
+                born.get(events[sg].serial) == k:
+            out[i], out[i + 1] = (k, sk, nk + 1), (g, sg + 1, ng - 1)
+    return [r for r in out if r[2] > 0]
+
+
 def _split_turns(runs, events, T: int, P: int):
     """Split a template run where the blocks turn around (ascending, then descending: one
     multi-tensor op's outputs, then the list freed from its end): a run of block T between two
@@ -366,6 +413,13 @@ def _split_turns(runs, events, T: int, P: int):
             out.append((tag, start, n))
     return out
 
+
+# what `_repeat_plan` tries, in order, where the runs as tagged do not repeat: each regrouping
+# alone, then two, then all three, applied one after the other (each reads its own phase: the
+# optimizer's loop, the forward, the backward; a LoRA'd BERT frees outputs late in its forward
+# and gradients late in its backward, and on MPS also lags in its optimizer loop)
+REGROUPS = tuple(c for n in (1, 2, 3) for c in itertools.combinations(
+    (_merge_lagging_frees, _outputs_freed_late, _gradients_freed_late), n))
 
 _LOGS: dict[tuple, tuple] = {}
 

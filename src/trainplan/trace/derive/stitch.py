@@ -24,7 +24,9 @@ block), a second trace cut to 3 (`stitch(lo, hi)` either way). So, with n the sm
   4-block trace's repeated block by block (repeat.py), which is the full trace's replay; where
   they do not repeat, that of the 4-block replay (replays.py `whole_fragmentation`);
 * the module table, the checkpointed blocks and the LoRA modules: the larger cut's last block's
-  rows copied for the rest, made where first read (lazy.py; `inspect`, predict/memory.py, the
+  rows copied for the rest (the activations of each but the last as the block before it keeps
+  them: the head need not keep the last block's output, tracer.py `_last_block`), made where
+  first read (lazy.py; `inspect`, predict/memory.py, the
   fix ladder's frozen-embeddings rung): a plan stitches hundreds of traces and reads few.
 
 Where the smaller cut runs an op the larger one does not, `stitch` returns None and the whole
@@ -327,27 +329,45 @@ def _row_copies(block_rows: list[ModuleRow], pattern, blocks) -> list[ModuleRow]
                       r.flops_forward, r.flops_backward) for i in blocks for (a, b), r in tails]
 
 
+def _inner_activations(rows: list[ModuleRow], pattern, last: int) -> dict[str, int]:
+    """{a row's name after its block index: activation bytes} of the block before block `last`:
+    what an inner block keeps at the end of the forward, where the last block's output may be
+    freed by the head (tracer.py `_last_block`)."""
+    return {_split(pattern, m.name)[1]: m.activation_bytes for m in rows
+            if _block_of(pattern, m.name) == last - 1}
+
+
+def _as_inner(block_rows: list[ModuleRow], pattern, inner: dict[str, int]) -> list[ModuleRow]:
+    """The last block's rows with an inner block's activations."""
+    return [m._replace(activation_bytes=inner.get(_split(pattern, m.name)[1], m.activation_bytes))
+            for m in block_rows]
+
+
 def _one_more_block(rows: list[ModuleRow], pattern, path: str, work: dict[str, float]
                     ) -> list[ModuleRow]:
     """The module table with one more block: block HIGH-1's rows copied as block HIGH's after
-    them, and what the block holds added to each row holding it (the stack, the model): its
-    parameters and activations, and the FLOPs of the ops it runs (`work`: forward, backward;
-    not its row's, which the module tracker's backward attribution moves between neighbouring
-    blocks)."""
+    them, block HIGH-1's own now keeping the activations block HIGH-2's keep (an inner block's,
+    `_inner_activations`), and what the block holds added to each row holding it (the stack, the
+    model): its parameters, an inner block's activations, and the FLOPs of the ops it runs
+    (`work`: forward, backward; not its row's, which the module tracker's backward attribution
+    moves between neighbouring blocks)."""
     block = f"{path}.{HIGH - 1}"
     mine = next((m for m in rows if m.name == block), None)
     if mine is None:
         return list(rows)
     holders = {"(total)"} | {".".join(path.split(".")[:i]) for i in range(1, path.count(".") + 2)}
     block_rows = [m for m in rows if _block_of(pattern, m.name) == HIGH - 1]
+    inner = _inner_activations(rows, pattern, HIGH - 1)
+    as_inner = dict(zip(map(id, block_rows), _as_inner(block_rows, pattern, inner)))
+    added = inner.get("", mine.activation_bytes)
     out = []
     for m in rows:
         if m.name in holders:
             m = ModuleRow(m.name, m.depth, m.params + mine.params,
                           m.trainable_params + mine.trainable_params,
-                          m.activation_bytes + mine.activation_bytes,
+                          m.activation_bytes + added,
                           m.flops_forward + work["forward"], m.flops_backward + work["backward"])
-        out.append(m)
+        out.append(as_inner.get(id(m), m))
         if m is block_rows[-1]:
             out.extend(_row_copies(block_rows, pattern, [HIGH]))
     return out
@@ -360,19 +380,22 @@ def _modules(lo: Trace, hi: Trace, pattern, L: int, line) -> list[ModuleRow]:
     rows, n = [], hi.stack.traced
     last = n - 1
     block_rows = [m for m in hi.modules if _block_of(pattern, m.name) == last]
+    inner = _as_inner(block_rows, pattern, _inner_activations(hi.modules, pattern, last))
+    as_inner = dict(zip(map(id, block_rows), inner))
     tail = block_rows[-1] if block_rows else None
     for m in hi.modules:
         a = by_name.get(m.name) if _block_of(pattern, m.name) is None else None
         if a is None:
-            rows.append(m)
+            rows.append(as_inner.get(id(m), m) if n < L else m)
         else:
             rows.append(ModuleRow(m.name, m.depth, int(line(a.params, m.params)),
                                   int(line(a.trainable_params, m.trainable_params)),
                                   int(line(a.activation_bytes, m.activation_bytes)),
                                   line(a.flops_forward, m.flops_forward),
                                   line(a.flops_backward, m.flops_backward)))
-        if m is tail:
-            rows.extend(_row_copies(block_rows, pattern, range(n, L)))
+        if m is tail:       # inner blocks as the one before the last, the last as the last
+            rows.extend(_row_copies(inner, pattern, range(n, L - 1)))
+            rows.extend(_row_copies(block_rows, pattern, range(max(n, L - 1), L)))
     return rows
 
 
