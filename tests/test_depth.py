@@ -36,6 +36,8 @@ CASES = {
     "llama-qlora-torchao": (TORCHAO_QLORA, "h100-sxm", 2),
     "bert": (BERT, "v100-16gb", 4),
     "bert-lora-full-ckpt": (BERT.with_(lora=Lora(), grad_checkpointing="full"), "t4", 4),
+    "deberta-lora": (Job(model="hf:microsoft/deberta-v3-large", seq_len=128,
+                         precision="bf16-amp", lora=Lora()), "a100-80gb", 4),
 }
 
 
@@ -104,6 +106,11 @@ REPLAYS = {
                         lora=Lora()),
     "roberta-torchao": Job(model="hf:FacebookAI/roberta-large", seq_len=128, precision="bf16",
                            lora=Lora(), quantize="torchao-nf4"),
+    # DeBERTa's head drops a tuple of every block's output, blocks P .. 0 and then the last
+    # (repeat.py DOWN_THEN_LAST), and block 0's backward frees each block's share of the shared
+    # relative embeddings' gradient (`_freed_by_all`, in an earlier block's run)
+    "deberta-lora": Job(model="hf:microsoft/deberta-v3-large", seq_len=128, precision="fp32",
+                        lora=Lora()),
 }
 ON = {"llama-lora-mps": "m3-max-128gb", "bert-lora-mps": "m3-max-128gb",   # else a100-80gb
       "opt-lora-mps": "m3-max-128gb"}
@@ -157,6 +164,8 @@ EXTENDS = {
     "bert-lora-full-ckpt": BERT.with_(lora=Lora(), grad_checkpointing="full"),
     "llama-qlora-torchao-full-ckpt": TORCHAO_QLORA.with_(grad_checkpointing="full"),
     "roberta-lora-full-ckpt": Job(model="hf:FacebookAI/roberta-large", seq_len=128,
+                                  precision="fp32", lora=Lora(), grad_checkpointing="full"),
+    "deberta-lora-full-ckpt": Job(model="hf:microsoft/deberta-v3-large", seq_len=128,
                                   precision="fp32", lora=Lora(), grad_checkpointing="full"),
 }
 ON["llama-mps"] = "m3-max-128gb"
@@ -276,22 +285,20 @@ def test_a_stack_whose_allocations_do_not_repeat_is_traced_whole_below_40_blocks
     assert ev.trace.stack is None
 
 
-@pytest.mark.parametrize("ckpt", ["none", "full"])
-def test_a_deberta_whose_copies_cannot_be_placed_is_not_read_off_its_cut(ckpt):
-    """A LoRA'd DeBERTa's runs repeat (`_gradients_freed_late`), but not what its copies free:
-    its head frees an allocation of every block, blocks P .. 0 and then the last, and under
-    checkpointing a tensor of each block is freed in a later run of an earlier block; one copy
-    more would leave an allocation alive that block T does not (repeat.py `_balanced`), so the
-    cut trace is not read off: traced whole."""
-    from trainplan.predict.target import semantics_for
-    from trainplan.trace.derive import trace_job
-    from trainplan.trace.derive.repeat import whole_events
-    from trainplan.trace.stack import HIGH
-    from trainplan.trace.tracer import trace_step
-    job = trace_job(Job(model="hf:microsoft/deberta-v3-large", seq_len=128, precision="fp32",
-                        lora=Lora(), grad_checkpointing=ckpt))
-    hi = trace_step(job, semantics_for(job, get_accelerator("a100-80gb")), 2, depth=HIGH)
-    assert hi.stack is not None and whole_events(hi, hi.stack.blocks) is None
+def test_a_plan_whose_copies_would_leave_an_allocation_alive_is_refused():
+    """A free of block T's allocation the copies do not repeat (here: an earlier block's run
+    frees block T's alone, emitted once as traced) would leave each copy's alive at the step's
+    end where block T's is not: the events are not read off the cut trace (repeat.py
+    `_balanced`)."""
+    from trainplan.trace.derive.repeat import _repeat_plan
+    from trainplan.trace.log import Event, TraceLog
+    # the head's allocation, one a block (serials 1-4), then block 1's run freeing block T's
+    events = [Event(0, 512)] + [Event(1 + b, 1024) for b in range(4)] + [Event(4, -1024)]
+    log = TraceLog(events=events, blocks=[-1, 0, 1, 2, 3, 1])
+    assert _repeat_plan(log) is None
+    # freeing block P's as well is every block's, each copy's freed with them
+    log = TraceLog(events=events + [Event(3, -1024)], blocks=[-1, 0, 1, 2, 3, 1, 1])
+    assert _repeat_plan(log) is not None
 
 
 def test_fp16_job_reads_its_bf16_twin(monkeypatch):

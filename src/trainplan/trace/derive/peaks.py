@@ -14,8 +14,9 @@ from the cut log alone, because the copies of a template run repeat it event for
   (the replay keeps the first of equal peaks); by category likewise;
 * the tensors the copies leave live are counted with the template's own (`extra`): a later free
   of the template's tensor outside the stack frees one of them (the last copy's), a free of every
-  block's (cyclic garbage at a phase's end: repeat.py `_freed_by_all`) frees all, and a category
-  change outside the stack moves all.
+  block's (cyclic garbage at a phase's end: repeat.py `_freed_by_all`) frees all (with block
+  P's, all but the last, where the blocks are freed down and the last after them), and a
+  category change outside the stack moves all.
 
 Every total is then a + b x r over the r = L - HIGH copies, so one pass reads several depths at
 once (one block more and the whole stack, for stitch.py), each kept on the log (`peaks_memo`).
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from ..log import CATEGORIES, Alloc, PhasePeaks, Reset, Retag, TraceLog
 from ..stack import HIGH
-from .repeat import Plan, plan_of
+from .repeat import DOWN_THEN_LAST, Plan, plan_of
 
 
 def whole_peaks(hl: TraceLog, blocks: int, also: tuple[int, ...] = ()) -> PhasePeaks | None:
@@ -150,6 +151,15 @@ class _State:
                 copies = (0, 0)
                 if where is not None and where[0] == T and where[1:] in every:
                     copies = self.extra.pop(ent.serial, (0, 0))
+                elif where is not None and where[0] == T - 1 and \
+                        every.get(where[1:]) == DOWN_THEN_LAST:
+                    # block T's and the copies' but the last go with block P's (repeat.py)
+                    mine = entry[plan.template[where[1]][0] + where[2]].serial
+                    a, b = self.extra.pop(mine, (0, 0))
+                    rec = self.held.get(mine)
+                    if rec is None or not self._free(mine, (a - 1, b)):
+                        return False
+                    self.held[mine] = rec
                 if not self._free(ent.serial, copies):
                     return False
             if e in after and not self.between(after[e], plan):

@@ -138,11 +138,19 @@ def _plan_for(events, runs) -> Plan | None:
     if relation is None:
         return None
     every = {}
+    born = {serial: tag for tag, start, n in runs if tag >= 0
+            for serial, nbytes in events[start:start + n] if nbytes > 0}
     for i, (tag, start, n) in enumerate(runs):
         if tag == -1:
-            every[i] = _freed_by_all(events, start, n, pos, T, P)
+            every[i] = _freed_by_all(events, start, n, pos, T, P, born)
             if every[i] is None:
                 return None
+        elif tag < P:     # an earlier block's run freeing every block's (DeBERTa's backward)
+            found = _freed_by_all(events, start, n, pos, T, P, born, in_block=True)
+            if found is None:
+                return None
+            if found:
+                every[i] = found
     return Plan(runs, template, relation, pos, every)
 
 
@@ -249,22 +257,37 @@ def _emit_outside(events, plan: Plan, i: int, start: int, n: int, base: int, A: 
                   slot: dict, blocks: int, out: list[Event], src: list | None) -> None:
     """A run outside the template's: its events as traced, except frees of block T's
     allocations: of every block's (`_freed_by_all`) for each copy too, else the last copy's."""
-    T, last = HIGH - 1, blocks - 1
+    T, P, last = HIGH - 1, HIGH - 2, blocks - 1
     tag = plan.runs[i][0]
     all_blocks = plan.every.get(i, {})
     for e in range(start, start + n):
         serial, nbytes = events[e]
         where = plan.pos.get(serial)
-        if nbytes >= 0 or tag != -1 or where is None or where[0] != T:
+        if where is not None and where[0] == P and nbytes < 0 and \
+                all_blocks.get(where[1:]) == DOWN_THEN_LAST:
+            # the copies but the last, down, and block T (now an inner block) before block P's
+            run, m = where[1:]
+            mine = plan.template[run][0] + m
+            ks = list(range(last - 1, HIGH - 1, -1))
+            sl = slot[where[1:]]
+            out += [Event(base + (k - HIGH) * A + sl, nbytes) for k in ks]
+            out.append(Event(events[mine].serial, nbytes))
+            if src is not None:
+                t_free = _free_of(events, start, n, events[mine].serial)
+                src.extend((t_free, k) for k in ks)
+                src.append((t_free, -1))
+        if nbytes >= 0 or where is None or where[0] != T or \
+                (tag != -1 and where[1:] not in all_blocks):
             out.append(Event(serial, nbytes))
             if src is not None:
                 src.append((e, -1))
             continue
         sl = slot[where[1:]]
-        if where[1:] in all_blocks:   # every block's, freed here: the copies' too
+        order = all_blocks.get(where[1:])
+        if order == UP or order == DOWN:   # every block's, freed here: the copies' too
             mine = [Event(base + (k - HIGH) * A + sl, nbytes) for k in range(HIGH, blocks)]
             ks = list(range(HIGH, blocks))
-            if all_blocks[where[1:]]:
+            if order == UP:
                 out += [Event(serial, nbytes)] + mine
                 ks = [-1] + ks
             else:
@@ -272,10 +295,16 @@ def _emit_outside(events, plan: Plan, i: int, start: int, n: int, base: int, A: 
                 ks = ks[::-1] + [-1]
             if src is not None:
                 src.extend((e, k) for k in ks)
-        else:                         # the last block's (the head reads it): the last copy's
+        else:   # the last block's (the head reads it; DOWN_THEN_LAST: after the rest): the last copy's
             out.append(Event(base + (last - HIGH) * A + sl, nbytes))
             if src is not None:
                 src.append((e, last))
+
+
+def _free_of(events, start: int, n: int, serial: int) -> int:
+    """The index of the free of `serial` in the run at `start` (`n` events)."""
+    return next(e for e in range(start, start + n)
+                if events[e].serial == serial and events[e].nbytes < 0)
 
 
 def _slots(events, template: dict) -> tuple[dict[tuple[int, int], int], int]:
@@ -289,11 +318,21 @@ def _slots(events, template: dict) -> tuple[dict[tuple[int, int], int], int]:
     return slot, max((s for s, _n in events), default=0) + 1
 
 
-def _freed_by_all(events, start: int, n: int, pos: dict, T: int, P: int
-                  ) -> dict[tuple[int, int], bool] | None:
-    """Allocations of the template's runs that a run outside the stack frees in every block
-    (cyclic garbage collected at a phase's end): {(run, position): ascending?}, where block P's
-    and block T's are both freed here; None where block P's is freed without block T's."""
+UP, DOWN, DOWN_THEN_LAST = "up", "down", "down, then the last"
+
+
+def _freed_by_all(events, start: int, n: int, pos: dict, T: int, P: int, born: dict,
+                  in_block: bool = False) -> dict[tuple[int, int], str] | None:
+    """Allocations of the template's runs that a run outside the stack frees in every block:
+    {(run, position): the order}, where block P's and block T's are both freed here; None where
+    block P's is freed without block T's. The order: UP (block P's, then T's: cyclic garbage
+    collected at a phase's end), DOWN (T's, then P's), or DOWN_THEN_LAST: block P's, then the
+    earlier blocks' down to block 0, and block T's after them (a tuple of every block's output
+    dropped: CPython frees a tuple's items from its end, and the last block's outlives it as
+    the head's input; DeBERTa). `in_block`: the run is an earlier block's, which may free block
+    P's alone (its next block's: `Recipe.FREE_NEXT`); only where it frees block T's too is it
+    every block's (DeBERTa's shared relative embeddings: each block's share of their gradient
+    freed once block 0's backward has summed them)."""
     at: dict[tuple, dict[int, int]] = {}
     for e in range(start, start + n):
         serial, nbytes = events[e]
@@ -302,10 +341,22 @@ def _freed_by_all(events, start: int, n: int, pos: dict, T: int, P: int
             at.setdefault(where[1:], {})[where[0]] = e
     out = {}
     for key, blocks_at in at.items():
+        if in_block and T not in blocks_at:
+            continue
         if P in blocks_at:
             if T not in blocks_at:
                 return None
-            out[key] = blocks_at[P] < blocks_at[T]
+            p, t = blocks_at[P], blocks_at[T]
+            earlier = [born[events[e].serial] for e in range(p + 1, t)
+                       if events[e].nbytes < 0 and 0 <= born.get(events[e].serial, -1) < P]
+            if p > t:
+                out[key] = DOWN
+            elif not earlier:
+                out[key] = UP
+            elif earlier == list(range(P - 1, -1, -1)):
+                out[key] = DOWN_THEN_LAST
+            else:
+                return None
     return out
 
 
