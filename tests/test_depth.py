@@ -36,8 +36,6 @@ CASES = {
     "llama-qlora-torchao": (TORCHAO_QLORA, "h100-sxm", 2),
     "bert": (BERT, "v100-16gb", 4),
     "bert-lora-full-ckpt": (BERT.with_(lora=Lora(), grad_checkpointing="full"), "t4", 4),
-    "deberta-lora": (Job(model="hf:microsoft/deberta-v3-large", seq_len=128,
-                         precision="bf16-amp", lora=Lora()), "a100-80gb", 4),
 }
 
 
