@@ -15,7 +15,8 @@ HIGH-2 (P) the one before it. The whole model runs blocks HIGH .. L-1 as copies 
   first copy's, the last copy the head's);
 * frees outside the stack of block T's allocations (the head reading the last block's output)
   free the last copy's; an allocation of every block freed outside the stack (cyclic garbage
-  collected at a phase's end) is freed for every copy too.
+  collected at a phase's end; a tuple of every block's output; an earlier block's run freeing
+  every block's share of a shared tensor's gradient) is freed for every copy too.
 
 Block k >= HIGH's copy of the template's allocation in slot s (the template's allocations in
 order) gets serial base + (k - HIGH) x A + s, A the template's allocations and base the serial
@@ -157,8 +158,9 @@ def _plan_for(events, runs) -> Plan | None:
 def _balanced(events, plan: Plan, tags: list[int]) -> bool:
     """Whether one copy more leaves alive at the step's end what block T does: as many
     allocations alive as the cut trace, and block T's again. A free the copies do not repeat
-    (DeBERTa under checkpointing: a tensor of each block freed in a later run of an earlier
-    block, emitted once for block T) would leave each copy's alive."""
+    (emitted once, as traced: a tensor of each block that an earlier block's run frees, before
+    `_freed_by_all` read such runs for DeBERTa) leaves each copy's alive: the plan is refused,
+    and the model traced whole, rather than its peaks read low or high."""
     def alive(evs) -> set[int]:
         out: set[int] = set()
         for serial, nbytes in evs:
@@ -168,7 +170,8 @@ def _balanced(events, plan: Plan, tags: list[int]) -> bool:
                 out.discard(serial)
         return out
     mine = alive(events)
-    last = {serial for (serial, nbytes), tag in zip(events, tags) if nbytes > 0 and tag == HIGH - 1}
+    last = {serial for (serial, nbytes), tag in zip(events, tags)
+            if nbytes > 0 and tag == HIGH - 1}
     return len(alive(_emit(events, plan, HIGH + 1))) == len(mine) + len(mine & last)
 
 
@@ -256,7 +259,8 @@ def _emit(events, plan: Plan, blocks: int, src: list | None = None) -> list[Even
 def _emit_outside(events, plan: Plan, i: int, start: int, n: int, base: int, A: int,
                   slot: dict, blocks: int, out: list[Event], src: list | None) -> None:
     """A run outside the template's: its events as traced, except frees of block T's
-    allocations: of every block's (`_freed_by_all`) for each copy too, else the last copy's."""
+    allocations: of every block's (`_freed_by_all`) for each copy too, in the order found
+    (DOWN_THEN_LAST: the copies' but the last with block P's), else the last copy's."""
     T, P, last = HIGH - 1, HIGH - 2, blocks - 1
     tag = plan.runs[i][0]
     all_blocks = plan.every.get(i, {})
@@ -295,7 +299,8 @@ def _emit_outside(events, plan: Plan, i: int, start: int, n: int, base: int, A: 
                 ks = ks[::-1] + [-1]
             if src is not None:
                 src.extend((e, k) for k in ks)
-        else:   # the last block's (the head reads it; DOWN_THEN_LAST: after the rest): the last copy's
+        else:   # the last block's (the head reads it; DOWN_THEN_LAST: after the others'): the
+            # last copy's
             out.append(Event(base + (last - HIGH) * A + sl, nbytes))
             if src is not None:
                 src.append((e, last))
