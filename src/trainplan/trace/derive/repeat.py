@@ -139,8 +139,7 @@ def _plan_for(events, runs) -> Plan | None:
     if relation is None:
         return None
     every = {}
-    born = {serial: tag for tag, start, n in runs if tag >= 0
-            for serial, nbytes in events[start:start + n] if nbytes > 0}
+    born = _born(runs, events)
     for i, (tag, start, n) in enumerate(runs):
         if tag == -1:
             every[i] = _freed_by_all(events, start, n, pos, T, P, born)
@@ -413,20 +412,7 @@ def _outputs_freed_late(runs, events):
     Taken into block k's run, it frees the previous block's allocation (`Recipe.FREE_PREV`), as
     each copy frees the copy's before it. Tried only where the runs as tagged do not repeat
     (`_repeat_plan`), so what repeated before repeats as before."""
-    born: dict[int, int] = {}          # serial -> the block it was allocated in
-    for tag, start, n in runs:
-        if tag >= 0:
-            for m in range(n):
-                serial, nbytes = events[start + m]
-                if nbytes > 0:
-                    born[serial] = tag
-    out = list(runs)
-    for i in range(len(out) - 1):
-        (k, sk, nk), (g, sg, ng) = out[i], out[i + 1]
-        if k >= 1 and g == -1 and ng >= 1 and events[sg].nbytes < 0 and \
-                born.get(events[sg].serial) == k - 1:
-            out[i], out[i + 1] = (k, sk, nk + 1), (-1, sg + 1, ng - 1)
-    return [r for r in out if r[2] > 0]
+    return _first_free_taken_back(runs, events, lambda k, g, of: g == -1 and of == k - 1)
 
 
 def _gradients_freed_late(runs, events):
@@ -439,20 +425,27 @@ def _gradients_freed_late(runs, events):
     back into block k's run, each block's run ends by freeing its own allocation
     (`Recipe.FREE_OWN`), the events keep their order and each copy frees its own. Tried only
     where the runs as tagged and the other regroupings do not repeat (`_repeat_plan`)."""
-    born: dict[int, int] = {}          # serial -> the block it was allocated in
-    for tag, start, n in runs:
-        if tag >= 0:
-            for m in range(n):
-                serial, nbytes = events[start + m]
-                if nbytes > 0:
-                    born[serial] = tag
+    return _first_free_taken_back(runs, events, lambda k, g, of: g == k - 1 and of == k)
+
+
+def _first_free_taken_back(runs, events, takes) -> list[tuple[int, int, int]]:
+    """`runs` with the first event of a run taken into the run of block k >= 1 before it,
+    where that event is a free and `takes(k, the run's tag, the block whose allocation it
+    frees or None)`."""
+    born = _born(runs, events)
     out = list(runs)
     for i in range(len(out) - 1):
         (k, sk, nk), (g, sg, ng) = out[i], out[i + 1]
-        if k >= 1 and g == k - 1 and ng >= 1 and events[sg].nbytes < 0 and \
-                born.get(events[sg].serial) == k:
+        if k >= 1 and ng >= 1 and events[sg].nbytes < 0 and \
+                takes(k, g, born.get(events[sg].serial)):
             out[i], out[i + 1] = (k, sk, nk + 1), (g, sg + 1, ng - 1)
     return [r for r in out if r[2] > 0]
+
+
+def _born(runs, events) -> dict[int, int]:
+    """{serial: the block it was allocated in} of the allocations in the blocks' runs."""
+    return {serial: tag for tag, start, n in runs if tag >= 0
+            for serial, nbytes in events[start:start + n] if nbytes > 0}
 
 
 def _split_turns(runs, events, T: int, P: int):
