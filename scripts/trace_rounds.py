@@ -5,10 +5,11 @@ Run: python scripts/trace_rounds.py plan examples/chart-rvr-grpo.yaml
 
 For every call of trace/parallel.py's `trace_all` made by trace/derive/schedule.py (one round of
 traces on all cores): each training step asked for (micro-batch, attention kernel, the job's
-checkpointing, LoRA, quantisation, optimizer, accumulation, sequence length, precision and
-strategy) and each generation forward (`Forward`: sequences, new tokens, context), how many follow-ups it made, its wall time
-and when it started; every trace made one at a time in this process, and the total. Set
-TRAINPLAN_TRACE_CACHE to an empty folder for a cold run (nothing read from the trace store).
+checkpointing, LoRA (its rank), quantisation, optimizer, accumulation, sequence length,
+precision and strategy) and each generation forward (`Forward`: sequences, new tokens, context),
+how many follow-ups it made, its wall time and when it started; every trace made one at a time
+in this process, and the total. Set TRAINPLAN_TRACE_CACHE to an empty folder for a cold run
+(nothing read from the trace store).
 The README's "Speed of analysis" cites runs of this script.
 """
 import os
@@ -25,7 +26,7 @@ T0 = time.perf_counter()
 
 def _step(job, sem, batch, depth=None) -> str:
     return (f"step b={batch}{'' if depth is None else f' cut to {depth}'} {sem.attention} "
-            f"ckpt={job.grad_checkpointing} lora={'yes' if job.lora else 'no'} "
+            f"ckpt={job.grad_checkpointing} lora={job.lora.rank if job.lora else 'no'} "
             f"quant={job.quantize} opt={job.optimizer} accum={job.grad_accum} seq={job.seq_len} "
             f"{job.precision} {job.strategy} x{job.gpus}")
 

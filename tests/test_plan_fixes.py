@@ -112,3 +112,40 @@ def test_shorter_sequences_are_not_tried_where_what_no_length_changes_does_not_f
     assert full.floor_bytes > full.capacity_bytes
     assert short.floor_bytes == full.floor_bytes and short.required_bytes >= short.floor_bytes
     assert not short.fits
+
+
+def _with_capacity(platform, capacity: int):
+    """`platform` with its accelerator's usable memory set to `capacity` bytes."""
+    import dataclasses
+    accel = dataclasses.replace(platform.accelerator, usable_memory_bytes=int(capacity))
+
+    class Sized(type(platform)):
+        @property
+        def accelerator(self):
+            return accel
+    return Sized(**{f.name: getattr(platform, f.name) for f in dataclasses.fields(platform)})
+
+
+def test_an_optimizer_rung_that_could_make_the_step_fit_is_tried():
+    """An 8-bit optimizer frees at most 3/4 of the trace's optimizer state (planner.py
+    `_at_most_saves`): under 64 MiB for LoRA adapters, too little to keep for its own sake. A
+    step that much over the device is still tried with it, and fits, before the LoRA rank is
+    halved (which changes what is trained); where freeing all of it would leave the step over
+    the device, it is reported untried."""
+    from trainplan.plan.planner import KEEP_MIN_BYTES
+    job = tiny_job(precision="bf16", num_layers=4, steps=10,
+                   lora=Lora(rank=64, alpha=128.0, targets="all-linear", dropout=0.0))
+    t4 = select_platforms(["kaggle-t4x2"])[0]
+    row = make_plan(job, [t4]).platforms[0]
+    state = row.storage.optimizer_state_bytes
+    assert row.fits and 0.75 * state < KEEP_MIN_BYTES
+    need = row.required_bytes
+    near = make_plan(job, [_with_capacity(t4, need - 0.1 * state)]).platforms[0]
+    eight = [f for f in near.fixes if f.rung == "optimizer-8bit"]
+    assert eight and eight[0].fits and eight[0].device_used_bytes_after < need
+    assert near.fits and [f.rung for f in near.fixes if not f.note][0] == "optimizer-8bit"
+    assert not any(f.rung == "lora-smaller" for f in near.fixes)      # the rank stays 64
+    far = make_plan(job, [_with_capacity(t4, need - 4 * state)]).platforms[0]
+    untried = [f for f in far.fixes if f.rung == "optimizer-8bit"]
+    assert untried and untried[0].device_used_bytes_after is None
+    assert untried[0].note.endswith("not tried")

@@ -259,7 +259,8 @@ class Planner:
         evaluate each rung tried alone on the job as it came (`_alone`). Returns (job, config,
         fixes, skipped). A rung that changes nothing measurable (memory when fitting, step time
         when speeding up) is tried, reported, and not kept; shorter sequences are reported
-        untried where the memory no length lowers does not fit."""
+        untried where the memory no length lowers does not fit, an optimizer rung where the
+        most it can free is neither worth keeping nor enough to fit (`_out_of_reach`)."""
         need = need or (lambda c: c.fits)
         speed = rungs is SPEED_LADDER
         base_job, base = jv, cfg
@@ -289,8 +290,7 @@ class Planner:
                                           "shorter sequence fits; not tried"))
                     continue
             bound = _at_most_saves(r.rung, cfg)
-            if not speed and bound is not None and \
-                    bound < max(KEEP_MIN_BYTES, 0.01 * cfg.used_bytes):
+            if not speed and bound is not None and _out_of_reach(cfg, bound):
                 fixes.append(_untried(r, cfg, f"saves at most {fmt_mib(bound)} here (the "
                                       "trace's optimizer state); not tried"))
                 continue
@@ -398,6 +398,19 @@ def _untried(r, cfg: Config, note: str) -> Fix:
     return Fix(r.rung, r.title, r.setting, False, None, None, cfg.used_bytes, None,
                cfg.time.step_time_s, None, r.changes_training, note, cost=row.get("cost", ""),
                user_change=row.get("user_change", ""), source=row.get("source", ""))
+
+
+def _out_of_reach(cfg: Config, bound: float) -> bool:
+    """Whether a rung that frees at most `bound` bytes (`_at_most_saves`) is neither kept nor
+    the answer, so that it need not be tried: it frees too little to be kept (under
+    KEEP_MIN_BYTES and 1% of the memory), and freeing all of it leaves the step as the ladder
+    found it: over the device where it does not fit (the least it runs in), in the band where it
+    fits tightly (what the device holds plus the band: predict/memory.py `tight`). A step a few
+    hundred KB over the device is tried with 8-bit AdamW before its LoRA rank is halved."""
+    m = cfg.memory
+    if bound >= max(KEEP_MIN_BYTES, 0.01 * cfg.used_bytes):
+        return False
+    return (m.banded_bytes if m.fits else m.required_bytes) - bound > m.capacity_bytes
 
 
 def _at_most_saves(rung: str, cfg: Config) -> float | None:
