@@ -132,20 +132,24 @@ def test_an_optimizer_rung_that_could_make_the_step_fit_is_tried():
     step that much over the device is still tried with it, and fits, before the LoRA rank is
     halved (which changes what is trained); where freeing all of it would leave the step over
     the device, it is reported untried."""
-    from trainplan.plan.planner import KEEP_MIN_BYTES
-    job = tiny_job(precision="bf16", num_layers=4, steps=10,
+    from trainplan.plan.planner import KEEP_MIN_BYTES, Planner
+    from trainplan.predict import Traces
+    job = tiny_job(precision="bf16", steps=10,
                    lora=Lora(rank=64, alpha=128.0, targets="all-linear", dropout=0.0))
-    t4 = select_platforms(["kaggle-t4x2"])[0]
-    row = make_plan(job, [t4]).platforms[0]
+    t4, traces = select_platforms(["kaggle-t4x2"])[0], Traces()
+
+    def plan_on(platform):       # a planner per capacity (it keeps evaluations by accelerator)
+        return make_plan(job, [platform], planner=Planner(job, traces)).platforms[0]
+    row = plan_on(t4)
     state = row.storage.optimizer_state_bytes
     assert row.fits and 0.75 * state < KEEP_MIN_BYTES
     need = row.required_bytes
-    near = make_plan(job, [_with_capacity(t4, need - 0.1 * state)]).platforms[0]
+    near = plan_on(_with_capacity(t4, need - 0.1 * state))
     eight = [f for f in near.fixes if f.rung == "optimizer-8bit"]
     assert eight and eight[0].fits and eight[0].device_used_bytes_after < need
     assert near.fits and [f.rung for f in near.fixes if not f.note][0] == "optimizer-8bit"
     assert not any(f.rung == "lora-smaller" for f in near.fixes)      # the rank stays 64
-    far = make_plan(job, [_with_capacity(t4, need - 4 * state)]).platforms[0]
+    far = plan_on(_with_capacity(t4, need - 4 * state))
     untried = [f for f in far.fixes if f.rung == "optimizer-8bit"]
     assert untried and untried[0].device_used_bytes_after is None
     assert untried[0].note.endswith("not tried")
