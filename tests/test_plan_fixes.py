@@ -153,3 +153,25 @@ def test_an_optimizer_rung_that_could_make_the_step_fit_is_tried():
     untried = [f for f in far.fixes if f.rung == "optimizer-8bit"]
     assert untried and untried[0].device_used_bytes_after is None
     assert untried[0].note.endswith("not tried")
+
+
+def test_the_headroom_climb_leaves_out_the_rungs_that_change_training():
+    """plan/build.py `_headroom`: a tight job is given room only by rungs that keep what is
+    trained, so a rung that changes it (half the sequence) is not climbed, and not traced; the
+    plain ladder climbs it."""
+    from trainplan.plan.planner import Planner
+    from trainplan.predict import Traces
+    job = tiny_job(seq_len=256, steps=10, grad_checkpointing="full")
+    a100 = select_platforms(["lambda-gpu-1x-a100"])[0]
+    traces = Traces()
+    planner = Planner(job, traces)
+    cfg = planner.configure(job, a100)
+    rungs = (fixes.seq_len, fixes.optimizer_8bit)
+    _jv, _cfg, tried, _skipped = planner.ladder(job, a100, cfg, rungs=rungs,
+                                                need=lambda c: False, same_training=True)
+    assert [f.rung for f in tried] == ["optimizer-8bit"]
+    assert not any("seq_len=128" in key[0] for key in traces._exact)
+    _jv, _cfg, tried, _skipped = planner.ladder(job, a100, cfg, rungs=rungs,
+                                                need=lambda c: False)
+    assert [f.rung for f in tried][0] == "seq-len" and tried[0].changes_training
+    assert any("seq_len=128" in key[0] for key in traces._exact)

@@ -112,12 +112,16 @@ def plan_platform(planner: Planner, platform: Platform, jp, base_changes: list[s
 def _headroom(planner: Planner, platform: Platform, cfg: Config, fixes: list, skipped: list):
     """A job that fits only tightly: climb the ladder for the band's room. Rungs that keep what
     is trained are applied when they leave the band free; otherwise the job stays as it fits and
-    the rungs that would help are returned as advice (TIGHT verdict, verdict.py)."""
-    jv, new, more, skip = planner.ladder(cfg.job, platform, cfg, need=lambda c: c.comfortable)
-    kept = [f for f in more if not f.note]
-    if new.comfortable and not any(f.changes_training for f in kept):
+    the rungs that would help are returned as advice (TIGHT verdict, verdict.py). A rung that
+    changes what is trained is neither applied nor advised here, so it is not climbed: it would
+    be traced for nothing (chart-rvr: a smaller LoRA rank and half the sequence, two rounds of
+    traces), and where it gave the room it ended the climb before a rung that keeps training
+    (ZeRO-Offload) was tried."""
+    jv, new, more, skip = planner.ladder(cfg.job, platform, cfg, need=lambda c: c.comfortable,
+                                         same_training=True)
+    if new.comfortable:
         return new, fixes + more, skipped + skip, []
-    advice = [f.title for f in kept if not f.changes_training] or [
+    advice = [f.title for f in more if not f.note] or [
         "a smaller micro-batch with more accumulation, or a device with more memory"]
     return cfg, fixes, skipped, advice
 

@@ -254,13 +254,15 @@ class Planner:
         self.traces.prefetch(requests, [] if accumulate else self.traces.asked(rollouts))
 
     # --- the ladder -------------------------------------------------------------------------
-    def ladder(self, jv, platform: Platform, cfg: Config, rungs=LADDER, need=None):
+    def ladder(self, jv, platform: Platform, cfg: Config, rungs=LADDER, need=None,
+               same_training: bool = False):
         """Apply rungs on top of each other until `need(cfg)` holds (default: it fits), and
         evaluate each rung tried alone on the job as it came (`_alone`). Returns (job, config,
         fixes, skipped). A rung that changes nothing measurable (memory when fitting, step time
         when speeding up) is tried, reported, and not kept; shorter sequences are reported
         untried where the memory no length lowers does not fit, an optimizer rung where the
-        most it can free is neither worth keeping nor enough to fit (`_out_of_reach`)."""
+        most it can free is neither worth keeping nor enough to fit (`_out_of_reach`).
+        `same_training`: only the rungs that keep what is trained are climbed."""
         need = need or (lambda c: c.fits)
         speed = rungs is SPEED_LADDER
         base_job, base = jv, cfg
@@ -273,6 +275,8 @@ class Planner:
                 continue
             if isinstance(r, Skip):
                 skipped.append(f"{r.rung}: {r.reason}")
+                continue
+            if same_training and r.changes_training:
                 continue
             broken = compat.violation(r.job, platform.accelerator)
             if broken is not None:          # the target cannot run this rung (compat.py)
