@@ -175,3 +175,23 @@ def test_the_headroom_climb_leaves_out_the_rungs_that_change_training():
                                                 need=lambda c: False)
     assert [f.rung for f in tried][0] == "seq-len" and tried[0].changes_training
     assert any("seq_len=128" in key[0] for key in traces._exact)
+
+
+def test_offload_runs_deepspeeds_cpu_adam_not_a_bitsandbytes_optimizer():
+    """ZeRO-Offload runs the update on the CPU with DeepSpeedCPUAdam and refuses a client
+    optimizer by default (zero_force_ds_cpu_optimizer); bitsandbytes' 8-bit and paged AdamW run
+    CUDA kernels. The offload rung on top of an 8-bit AdamW kept by an earlier rung takes AdamW,
+    and a job written with both is rewritten to it, with the reason."""
+    from trainplan.optimizer import ADAMW
+    job = tiny_job(model="hf:openai-community/gpt2", transformer=None, gpus=2,
+                   optimizer="adamw-8bit")
+    for level in ("optimizer", "optimizer+params"):
+        r = fixes._offload(level)(job, A100, 2)
+        assert r.job.optimizer is ADAMW and "AdamW on the CPU in place of" in r.title
+        assert compat.violation(r.job, A100) is None
+    plain = fixes._offload("optimizer")(job.with_(optimizer="adamw"), A100, 2)
+    assert plain.job.optimizer is ADAMW and "in place of" not in plain.title
+    both = job.with_(offload="optimizer", strategy="zero2")
+    assert "zero_force_ds_cpu_optimizer" in compat.violation(both, A100).message
+    ran, changes = compat.adapt(both, A100)
+    assert ran.optimizer is ADAMW and changes[0].startswith("optimizer adamw instead of")

@@ -263,14 +263,24 @@ def _engine_cast(job) -> dict:
 
 
 def _offload(level: str):
+    """ZeRO-Offload of the optimizer state (and the parameters). DeepSpeed runs the offloaded
+    update on the CPU with its own Adam (DeepSpeedCPUAdam, fp32 states) and refuses a client
+    optimizer with offload by default (`zero_force_ds_cpu_optimizer`, deepspeed/runtime/
+    engine.py `_configure_basic_optimizer`); a bitsandbytes optimizer (CUDA kernels,
+    predict/compat.py) cannot run there, so an 8-bit or paged AdamW kept by an earlier rung
+    gives way to AdamW."""
     def rung(job, accel, devices, trace=None):
         if job.offload.order >= parse_offload(level).order:
             return None
         stage = ZERO3 if level == "optimizer+params" else (
             job.strategy if job.strategy.shards_gradients else ZERO2)
         what = "optimizer state" if level == "optimizer" else "optimizer state and parameters"
-        return _step(f"offload-{level.split('+')[-1]}", f"CPU offload of the {what} (ZeRO-Offload)",
-                     job, offload=level, strategy=stage, **_engine_cast(job))
+        title = f"CPU offload of the {what} (ZeRO-Offload)"
+        cpu_adam = {"optimizer": ADAMW} if job.optimizer.bnb else {}
+        if cpu_adam:
+            title += f", AdamW on the CPU in place of {job.optimizer}"
+        return _step(f"offload-{level.split('+')[-1]}", title, job, offload=level,
+                     strategy=stage, **cpu_adam, **_engine_cast(job))
     return rung
 
 

@@ -7,10 +7,13 @@ it will run; the fix ladder asks `violation` of every rung it proposes, and skip
 target cannot run with the rule's reason (8-bit AdamW or QLoRA on a TPU, ZeRO on one device).
 
 Facts: bf16 needs sm80+ (CUDA bf16 arithmetic; NVIDIA A100 whitepaper); FlashAttention-2 needs sm80+
-(Dao-AILab/flash-attention README); bitsandbytes and DeepSpeed offload need CUDA (or ROCm);
-DataParallel is `torch.nn.DataParallel`, CUDA-only; TPUs compute autocast in bf16 (torch_xla AMP
-docs); expandable segments need CUDA's driver API (CUDACachingAllocator.cpp compiles them out on
-ROCm; MPS and XLA have allocators of their own).
+(Dao-AILab/flash-attention README); bitsandbytes and DeepSpeed offload need CUDA (or ROCm), and
+DeepSpeed's offloaded update runs its own CPU Adam, refusing a client optimizer by default
+(`zero_force_ds_cpu_optimizer`, deepspeed/runtime/engine.py `_configure_basic_optimizer`;
+bitsandbytes' optimizers cannot run on the CPU); DataParallel is `torch.nn.DataParallel`,
+CUDA-only; TPUs compute autocast in bf16 (torch_xla AMP docs); expandable segments need CUDA's
+driver API (CUDACachingAllocator.cpp compiles them out on ROCm; MPS and XLA have allocators of
+their own).
 By backend (data/SOURCES.md S111-S113, S116): FP8 training needs FP8 tensor cores (Ada, Hopper,
 Blackwell; AMD CDNA3+) and a CUDA or ROCm build -- Transformer Engine's recipes are NVIDIA's
 (torchao's float8 "supports both NVIDIA and AMD hardware", its training docs), MXFP8 needs
@@ -122,6 +125,13 @@ RULES: tuple[Rule, ...] = (
          lambda j, a: f"CPU offload is a DeepSpeed (CUDA) feature; {a.id} cannot run it.",
          lambda j, a: "drop --offload",
          lambda j, a: j.with_(offload="none"), fatal=True),
+    Rule("offload-runs-cpu-adam", "error",
+         lambda j, a: j.offload.states and j.optimizer.bnb,
+         lambda j, a: f"ZeRO-Offload runs the update on the CPU with DeepSpeed's CPU Adam and "
+                      f"refuses another optimizer by default (zero_force_ds_cpu_optimizer); "
+                      f"{j.optimizer} runs bitsandbytes' CUDA kernels, which the CPU has not.",
+         lambda j, a: "use --optimizer adamw with --offload (DeepSpeedCPUAdam runs it)",
+         lambda j, a: j.with_(optimizer="adamw")),
     Rule("dataparallel-cuda-only", "error",
          lambda j, a: a.kind == "tpu" and j.strategy is DP,
          lambda j, a: "DataParallel (--strategy dp) is CUDA-only.",
