@@ -129,7 +129,8 @@ RULES: tuple[Rule, ...] = (
          lambda j, a: j.offload.states and j.optimizer.bnb,
          lambda j, a: f"ZeRO-Offload runs the update on the CPU with DeepSpeed's CPU Adam and "
                       f"refuses another optimizer by default (zero_force_ds_cpu_optimizer); "
-                      f"{j.optimizer} runs bitsandbytes' CUDA kernels, which do not run on the CPU.",
+                      f"{j.optimizer} runs bitsandbytes' CUDA kernels, which do not run on the "
+                      "CPU.",
          lambda j, a: "use --optimizer adamw with --offload (DeepSpeedCPUAdam runs it)",
          lambda j, a: j.with_(optimizer="adamw")),
     Rule("dataparallel-cuda-only", "error",
