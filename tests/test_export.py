@@ -123,30 +123,6 @@ def test_deepspeed_json_keys_and_types_are_deepspeeds(multinode):
     assert cfg["zero_optimization"]["stage"] in (0, 1, 2, 3)
 
 
-def test_offload_lets_deepspeed_take_the_optimizer(multinode):
-    """Under ZeRO-Offload DeepSpeed refuses an optimizer the script makes unless told
-    (`zero_force_ds_cpu_optimizer`, engine.py `_configure_basic_optimizer`): `--to deepspeed`,
-    for the user's own script, tells it and says how to get DeepSpeed's CPU Adam; a framework's
-    config (the HF Trainer fills "auto") names AdamW, which DeepSpeed builds as its CPU Adam."""
-    import dataclasses
-    from trainplan.export.frameworks import deepspeed_file
-    _p, _pp, ln, _ = multinode
-    assert ln.offload != "none"
-    own = json.loads(render(ln, "deepspeed")["ds_config.json"])
-    assert own["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
-    assert own["zero_force_ds_cpu_optimizer"] is False and "optimizer" not in own
-    assert any("DeepSpeedCPUAdam" in line for line in own["_comment"])
-    fw = json.loads(deepspeed_file(ln)[1])
-    assert fw["optimizer"] == {"type": "AdamW", "params": dict.fromkeys(
-        ("lr", "betas", "eps", "weight_decay"), "auto")}
-    assert "zero_force_ds_cpu_optimizer" not in fw
-    assert not any("DeepSpeedCPUAdam" in line for line in fw["_comment"])
-    none = dataclasses.replace(ln, offload="none")
-    for cfg in (json.loads(render(none, "deepspeed")["ds_config.json"]),
-                json.loads(deepspeed_file(none)[1])):
-        assert "optimizer" not in cfg and "zero_force_ds_cpu_optimizer" not in cfg
-
-
 def _torchrun_line(text):
     line = next(l for l in text.splitlines() if "torchrun " in l and not l.startswith("#"))
     line = line.split("torchrun ", 1)[1].replace('"$@"', "")

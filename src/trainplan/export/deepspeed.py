@@ -18,11 +18,6 @@ from .common import DEFAULT_PORT, Launch
 from .torchrun import _shell, env_lines
 
 
-CPU_ADAM = ("Offload: the script's own optimizer steps on the CPU (zero_force_ds_cpu_optimizer "
-            "false); deepspeed.ops.adam.DeepSpeedCPUAdam, DeepSpeed's own, is 5-7x faster (its "
-            "ZeRO-Offload tutorial) and is what an `optimizer` section of type AdamW builds.")
-
-
 def zero_stage(ln: Launch) -> int:
     return 3 if ln.strategy is FSDP else ln.strategy.order
 
@@ -44,10 +39,6 @@ def config(ln: Launch) -> dict:
     z = c["zero_optimization"]
     if stage >= 1 and ln.offload != "none":
         z["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-        # DeepSpeed refuses the script's own optimizer under offload unless told otherwise
-        # (engine.py `_configure_basic_optimizer`); torch's AdamW then steps on the CPU
-        c["zero_force_ds_cpu_optimizer"] = False
-        c["_comment"].append(CPU_ADAM)
     if stage == 3:
         if ln.offload == "optimizer+params":
             z["offload_param"] = {"device": "cpu", "pin_memory": True}

@@ -121,19 +121,12 @@ def dump_yaml(head: str, data: dict) -> str:
 def deepspeed_file(ln: Launch) -> tuple[str, str]:
     """(file name, text) of the DeepSpeed config a ZeRO plan's framework config names: the
     `--to deepspeed` config (stage, offload, 16-bit mode), its batch fields "auto" so the
-    framework's own micro-batch and accumulation fill them (the HF Trainer's fill_match). With
-    offload, an AdamW `optimizer` section, its settings "auto" (the Trainer's): DeepSpeed builds
-    its CPU Adam for it (engine.py `_configure_basic_optimizer`), where the Trainer's own
-    optimizer would be refused under offload."""
-    from .deepspeed import CPU_ADAM, config
+    framework's own micro-batch and accumulation fill them (the HF Trainer's fill_match)."""
+    from .deepspeed import config
     c = config(ln)
     for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                 "train_batch_size"):
         c[key] = "auto"
-    if c.pop("zero_force_ds_cpu_optimizer", None) is not None:
-        c["_comment"].remove(CPU_ADAM)
-        c["optimizer"] = {"type": "AdamW", "params": {k: "auto" for k in
-                                                      ("lr", "betas", "eps", "weight_decay")}}
     return "ds_config.json", json.dumps(c, indent=2) + "\n"
 
 
