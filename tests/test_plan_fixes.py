@@ -178,10 +178,10 @@ def test_the_headroom_climb_leaves_out_the_rungs_that_change_training():
 
 
 def test_offload_runs_deepspeeds_cpu_adam_not_a_bitsandbytes_optimizer():
-    """ZeRO-Offload runs the update on the CPU with DeepSpeedCPUAdam and refuses a client
-    optimizer by default (zero_force_ds_cpu_optimizer); bitsandbytes' 8-bit and paged AdamW run
-    CUDA kernels. The offload rung on top of an 8-bit AdamW kept by an earlier rung takes AdamW,
-    and a job written with both is rewritten to it, with the reason."""
+    """ZeRO-Offload steps on the CPU with DeepSpeedCPUAdam: accelerate (and the HF Trainer) puts
+    it in place of a bitsandbytes 8-bit or paged AdamW, whose kernels do not run on the CPU, and
+    DeepSpeed alone refuses one. The offload rung on top of an 8-bit AdamW kept by an earlier
+    rung takes AdamW, and a job written with both is rewritten to it, with the reason."""
     from trainplan.optimizer import ADAMW
     job = tiny_job(model="hf:openai-community/gpt2", transformer=None, gpus=2,
                    optimizer="adamw-8bit")
@@ -192,6 +192,6 @@ def test_offload_runs_deepspeeds_cpu_adam_not_a_bitsandbytes_optimizer():
     plain = fixes._offload("optimizer")(job.with_(optimizer="adamw"), A100, 2)
     assert plain.job.optimizer is ADAMW and "in place of" not in plain.title
     both = job.with_(offload="optimizer", strategy="zero2")
-    assert "zero_force_ds_cpu_optimizer" in compat.violation(both, A100).message
+    assert "DeepSpeed's CPU Adam" in compat.violation(both, A100).message
     ran, changes = compat.adapt(both, A100)
     assert ran.optimizer is ADAMW and changes[0].startswith("optimizer adamw instead of")

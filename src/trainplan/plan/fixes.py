@@ -263,12 +263,11 @@ def _engine_cast(job) -> dict:
 
 
 def _offload(level: str):
-    """ZeRO-Offload of the optimizer state (and the parameters). DeepSpeed runs the offloaded
-    update on the CPU with its own Adam (DeepSpeedCPUAdam, fp32 states) and refuses a client
-    optimizer with offload by default (`zero_force_ds_cpu_optimizer`, deepspeed/runtime/
-    engine.py `_configure_basic_optimizer`); a bitsandbytes optimizer (CUDA kernels,
-    predict/compat.py) cannot run there, so an 8-bit or paged AdamW kept by an earlier rung
-    gives way to AdamW."""
+    """ZeRO-Offload of the optimizer state (and the parameters). The offloaded update runs
+    DeepSpeed's CPU Adam (fp32 states in host RAM): accelerate and the HF Trainer put it in
+    place of a bitsandbytes optimizer, whose kernels do not run on the CPU, and DeepSpeed alone
+    refuses one (predict/compat.py `offload-runs-cpu-adam`); so an 8-bit or paged AdamW kept by
+    an earlier rung gives way to AdamW, what runs."""
     def rung(job, accel, devices, trace=None):
         if job.offload.order >= parse_offload(level).order:
             return None

@@ -8,9 +8,11 @@ target cannot run with the rule's reason (8-bit AdamW or QLoRA on a TPU, ZeRO on
 
 Facts: bf16 needs sm80+ (CUDA bf16 arithmetic; NVIDIA A100 whitepaper); FlashAttention-2 needs sm80+
 (Dao-AILab/flash-attention README); bitsandbytes and DeepSpeed offload need CUDA (or ROCm), and
-DeepSpeed's offloaded update runs its own CPU Adam, refusing a client optimizer by default
-(`zero_force_ds_cpu_optimizer`, deepspeed/runtime/engine.py `_configure_basic_optimizer`;
-bitsandbytes' optimizers cannot run on the CPU); DataParallel is `torch.nn.DataParallel`,
+the offloaded update runs DeepSpeed's CPU Adam: accelerate (so the HF Trainer) puts it in place of
+the script's optimizer, a bitsandbytes one included (accelerate/utils/deepspeed.py
+`map_pytorch_optim_to_deepspeed`), and DeepSpeed alone refuses another by default
+(`zero_force_ds_cpu_optimizer`, deepspeed/runtime/engine.py `_configure_basic_optimizer`);
+bitsandbytes' kernels do not run on the CPU; DataParallel is `torch.nn.DataParallel`,
 CUDA-only; TPUs compute autocast in bf16 (torch_xla AMP docs); expandable segments need CUDA's
 driver API (CUDACachingAllocator.cpp compiles them out on ROCm; MPS and XLA have allocators of
 their own).
@@ -127,11 +129,11 @@ RULES: tuple[Rule, ...] = (
          lambda j, a: j.with_(offload="none"), fatal=True),
     Rule("offload-runs-cpu-adam", "error",
          lambda j, a: j.offload.states and j.optimizer.bnb,
-         lambda j, a: f"ZeRO-Offload runs the update on the CPU with DeepSpeed's CPU Adam and "
-                      f"refuses another optimizer by default (zero_force_ds_cpu_optimizer); "
-                      f"{j.optimizer} runs bitsandbytes' CUDA kernels, which do not run on the "
-                      "CPU.",
-         lambda j, a: "use --optimizer adamw with --offload (DeepSpeedCPUAdam runs it)",
+         lambda j, a: f"ZeRO-Offload steps on the CPU with DeepSpeed's CPU Adam: accelerate "
+                      f"and the HF Trainer put it in place of {j.optimizer} (bitsandbytes' "
+                      "kernels do not run on the CPU), DeepSpeed alone refuses it; the "
+                      "states are AdamW's, in fp32 in host RAM.",
+         lambda j, a: "plan --optimizer adamw with --offload (what runs)",
          lambda j, a: j.with_(optimizer="adamw")),
     Rule("dataparallel-cuda-only", "error",
          lambda j, a: a.kind == "tpu" and j.strategy is DP,
