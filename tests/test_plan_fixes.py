@@ -195,3 +195,21 @@ def test_offload_runs_deepspeeds_cpu_adam_not_a_bitsandbytes_optimizer():
     assert "DeepSpeed's CPU Adam" in compat.violation(both, A100).message
     ran, changes = compat.adapt(both, A100)
     assert ran.optimizer is ADAMW and changes[0].startswith("optimizer adamw instead of")
+
+
+def test_offload_warns_where_accelerate_puts_cpu_adam_in_place_of_the_optimizer():
+    """accelerate (utils/deepspeed.py `map_pytorch_optim_to_deepspeed`) maps the script's
+    optimizer under offload to DeepSpeed's CPU Adam unless it is Adam/AdamW, Adagrad or Lion:
+    SGD or Adafactor so written is warned about (not rewritten: it would change the algorithm);
+    without offload, or with AdamW or Lion, nothing is said."""
+    job = tiny_job(model="hf:openai-community/gpt2", transformer=None, gpus=2,
+                   offload="optimizer", strategy="zero2")
+    for name in ("sgd", "sgd-momentum", "adafactor"):
+        found = [f for f in compat.check(job.with_(optimizer=name), A100)
+                 if "in place of" in f.message]
+        assert len(found) == 1 and found[0].severity == "warning", name
+        assert "zero_force_ds_cpu_optimizer" in found[0].fix
+        assert compat.adapt(job.with_(optimizer=name), A100)[0].optimizer.name == name
+    for quiet in (job.with_(optimizer="adamw"), job.with_(optimizer="lion"),
+                  job.with_(optimizer="sgd", offload="none", strategy="ddp")):
+        assert not [f for f in compat.check(quiet, A100) if "in place of" in f.message]

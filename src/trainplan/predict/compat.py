@@ -135,6 +135,15 @@ RULES: tuple[Rule, ...] = (
                       "states are AdamW's, in fp32 in host RAM.",
          lambda j, a: "plan --optimizer adamw with --offload (what runs)",
          lambda j, a: j.with_(optimizer="adamw")),
+    Rule("offload-replaces-the-optimizer", "warning",
+         lambda j, a: j.offload.states and j.optimizer.name in ("sgd", "sgd-momentum",
+                                                                 "adafactor"),
+         lambda j, a: f"Under ZeRO-Offload accelerate and the HF Trainer put DeepSpeed's CPU "
+                      f"Adam in place of {j.optimizer} (DeepSpeed has CPU kernels for "
+                      "Adam/AdamW, Adagrad and Lion only): another algorithm, with Adam's "
+                      f"states, where this plan counts {j.optimizer}'s.",
+         lambda j, a: 'to keep it, set "zero_force_ds_cpu_optimizer": false in the DeepSpeed '
+                      "config (it then steps on the CPU in PyTorch), or plan --optimizer adamw"),
     Rule("dataparallel-cuda-only", "error",
          lambda j, a: a.kind == "tpu" and j.strategy is DP,
          lambda j, a: "DataParallel (--strategy dp) is CUDA-only.",
