@@ -47,6 +47,7 @@ from ..algorithm import KEYS as ROLLOUT_KEYS
 from ..named import Named
 from ..optimizer import ADAM, ADAMW, ADAMW_8BIT, PAGED_ADAMW_8BIT, parse_offload
 from ..precision import BF16_AMP, FP16_AMP, Precision
+from ..predict.compat import offloaded_optimizer
 from ..spec import Lora
 from ..strategy import ZERO2, ZERO3, Strategy
 
@@ -275,11 +276,12 @@ def _offload(level: str):
             job.strategy if job.strategy.shards_gradients else ZERO2)
         what = "optimizer state" if level == "optimizer" else "optimizer state and parameters"
         title = f"CPU offload of the {what} (ZeRO-Offload)"
-        cpu_adam = {"optimizer": ADAMW} if job.optimizer.bnb else {}
-        if cpu_adam:
-            title += f", AdamW on the CPU in place of {job.optimizer}"
+        runs = offloaded_optimizer(job)
+        swap = {} if runs is job.optimizer else {"optimizer": runs}
+        if swap:
+            title += f", {runs.label} on the CPU in place of {job.optimizer}"
         return _step(f"offload-{level.split('+')[-1]}", title, job, offload=level,
-                     strategy=stage, **cpu_adam, **_engine_cast(job))
+                     strategy=stage, **swap, **_engine_cast(job))
     return rung
 
 

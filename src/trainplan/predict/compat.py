@@ -63,6 +63,14 @@ def _bnb(job) -> bool:
     return job.quantize.bnb or job.optimizer.bnb
 
 
+def offloaded_optimizer(job):
+    """The optimizer that steps under ZeRO-Offload: AdamW (DeepSpeed's CPU Adam) in place of a
+    bitsandbytes one, whose kernels do not run on the CPU (rule `offload-runs-cpu-adam`); the
+    job's own otherwise."""
+    from ..optimizer import ADAMW
+    return ADAMW if job.optimizer.bnb else job.optimizer
+
+
 def _bnb_what(job) -> str:
     return f"QLoRA {job.quantize}" if job.quantize.bnb else f"the {job.optimizer} optimizer"
 
@@ -134,7 +142,7 @@ RULES: tuple[Rule, ...] = (
                       "kernels do not run on the CPU), DeepSpeed alone refuses it; the "
                       "states are AdamW's, in fp32 in host RAM.",
          lambda j, a: "plan --optimizer adamw with --offload (what runs)",
-         lambda j, a: j.with_(optimizer="adamw")),
+         lambda j, a: j.with_(optimizer=offloaded_optimizer(j))),
     Rule("offload-replaces-the-optimizer", "warning",
          lambda j, a: j.offload.states and j.optimizer.name in ("sgd", "sgd-momentum",
                                                                  "adafactor"),
