@@ -6,7 +6,8 @@ Run: python scripts/trace_rounds.py plan examples/chart-rvr-grpo.yaml
 For every call of trace/parallel.py's `trace_all` made by trace/derive/schedule.py (one round of
 traces on all cores): each training step asked for (micro-batch, attention kernel, the job's
 checkpointing, LoRA (its rank), quantisation, optimizer, accumulation, sequence length,
-precision and strategy) and each generation forward (`Forward`: sequences, new tokens, context),
+precision and strategy), each generation forward (`Forward`: sequences, new tokens, context)
+and each optimizer's update (`OptimizerStep`, what a step with it is read off with),
 how many follow-ups it made, its wall time and when it started; every trace made one at a time
 in this process, and the total. Set TRAINPLAN_TRACE_CACHE to an empty folder for a cold run
 (nothing read from the trace store).
@@ -19,7 +20,7 @@ import time
 import trainplan.trace.derive.cache as cache
 import trainplan.trace.derive.inference as generation
 import trainplan.trace.derive.schedule as traces
-from trainplan.trace.parallel import Forward
+from trainplan.trace.parallel import Forward, OptimizerStep
 
 T0 = time.perf_counter()
 
@@ -28,7 +29,16 @@ def _step(job, sem, batch, depth=None) -> str:
     return (f"step b={batch}{'' if depth is None else f' cut to {depth}'} {sem.attention} "
             f"ckpt={job.grad_checkpointing} lora={job.lora.rank if job.lora else 'no'} "
             f"quant={job.quantize} opt={job.optimizer} accum={job.grad_accum} seq={job.seq_len} "
-            f"{job.precision} {job.strategy} x{job.gpus}")
+            f"{job.precision} {job.strategy} x{job.gpus} {_semantics(sem)}")
+
+
+def _semantics(sem) -> str:
+    """What the kernel semantics set apart from the defaults (attention is shown already)."""
+    from dataclasses import fields
+    from trainplan.trace.semantics import KernelSemantics
+    default = KernelSemantics()
+    return " ".join(f"{f.name}={getattr(sem, f.name)}" for f in fields(sem)
+                    if f.name != "attention" and getattr(sem, f.name) != getattr(default, f.name))
 
 
 def _forward(f: Forward) -> str:
@@ -52,7 +62,9 @@ def main() -> int:
                      f"{sum(m is not None for m in more)} follow-ups, "
                      f"{time.perf_counter() - t:.1f} s")
             for r in requests:
-                what = _forward(r) if isinstance(r, Forward) else _step(*r)
+                what = (_forward(r) if isinstance(r, Forward) else
+                        f"update {r.job.optimizer} cut to {r.depth}"
+                        if isinstance(r, OptimizerStep) else _step(*r))
                 _say(("  " + what) if where == "round" else
                      f"one at a time: {what}, {time.perf_counter() - t:.1f} s")
             return out

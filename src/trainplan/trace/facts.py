@@ -177,6 +177,22 @@ class Trace:
         return self.flops_per_step - self.recompute_flops
 
 
+class OptimizerPart(NamedTuple):
+    """What a job's optimizer does in a traced step apart from its forward and backward
+    (tracer.py `trace_optimizer`): the memory log, events and event blocks up to the forward (the
+    parameters made, then the warm-up step that makes the state), those of the update itself,
+    its ops, and what the step's trace reads of its state. derive/swap.py reads a step with
+    this optimizer off the same step traced with another."""
+
+    log: TraceLog                  # marks as a step's: where the forward would begin, the
+                                   # update begins, the gradients are freed
+    ops: list                      # the update's (OpRecord)
+    optimizer_state_bytes: int
+    last_block_state_bytes: int    # of them, the cut stack's last block's (0: not cut)
+    unknown_flop_ops: frozenset
+    trace_seconds: float
+
+
 @dataclass
 class InferenceTrace:
     """One inference forward: `batch` sequences x `new_tokens` tokens against `context` cached.

@@ -39,6 +39,15 @@ class Forward(NamedTuple):
     depth: int | None = None      # layers of the stack traced (trace_forward)
 
 
+class OptimizerStep(NamedTuple):
+    """A request for a job's optimizer alone (tracer.py `trace_optimizer`): its warm-up and
+    update, what derive/swap.py reads the job's step off another optimizer's step with."""
+
+    job: object
+    sem: object
+    depth: int | None = None
+
+
 def workers_available() -> int:
     env = os.environ.get("TRAINPLAN_JOBS")
     if env:
@@ -60,10 +69,12 @@ def _run(request, finish: Callable | None = None, pack: bool = False) -> Trace |
     (torch) are imported here, not with this module: a plan answered from stored traces never
     needs them."""
     from .generate import trace_forward
-    from .tracer import trace_step
+    from .tracer import trace_optimizer, trace_step
     try:
         if isinstance(request, Forward):
             out = trace_forward(*request)
+        elif isinstance(request, OptimizerStep):
+            out = trace_optimizer(*request)
         else:
             job, sem, batch, depth = request
             tr = trace_step(job, sem, batch, depth=depth)
@@ -107,7 +118,7 @@ def trace_all(requests: list[tuple], followups: list[tuple | None] | None = None
               policy: Callable | None = None, started: Callable | None = None,
               finish: Callable | None = None) -> list:
     """Trace each (job, KernelSemantics, batch, depth: blocks kept or None, trace/stack.py), or
-    each `Forward`; a failure comes back as its TrainplanError.
+    each `Forward` or `OptimizerStep`; a failure comes back as its TrainplanError.
 
     With `followups` (one request or None per request) the answer is (results, follow-up
     results), a follow-up's None where it was not made. `policy(i, done, result)` decides

@@ -32,7 +32,7 @@ from . import fp8, moe, store, windows
 from . import blocks as block_tags
 from .checkpointing import apply_checkpointing
 from .counters import StepCounter, event_blocks
-from .facts import ModuleRow, Trace
+from .facts import ModuleRow, OptimizerPart, Trace
 from .log import CATEGORIES, GradientMade, Mark, TraceLog, downsample
 from .ops import OpRecord
 from .optimizers import build_optimizer
@@ -214,6 +214,7 @@ def _run(job, semantics: KernelSemantics, batch: int, setup: _Setup, extra_mode)
         counter.phase = "optimizer"
         counter.marks.append(_mark(counter))
         opt.step()
+        counter.marks.append(_mark(counter))     # the gradients freed (derive/swap.py)
         opt.zero_grad(set_to_none=True)
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
         state_bytes = counter.by_cat["optimizer_states"]
@@ -222,6 +223,46 @@ def _run(job, semantics: KernelSemantics, batch: int, setup: _Setup, extra_mode)
         counter.closed = True   # the step's events end here, not when GC frees the model
     return _Step(grad_bytes, state_bytes, activation_bytes, weight_cast_bytes, act_by_module,
                  last_block)
+
+
+def trace_optimizer(job, semantics: KernelSemantics, depth: int | None = None) -> OptimizerPart:
+    """`job`'s optimizer alone, as `trace_step` runs it: the model set up and its parameters
+    made the same way, the warm-up step, then in place of the forward and backward a zero
+    gradient per trainable parameter (in the parameters' order), and the update, counted. A
+    fraction of a step's trace: no forward, no backward."""
+    t0 = time.perf_counter()
+    setup = _set_up(job, semantics, None, depth)
+    counter, model = setup.counter, setup.bundle.module
+    gc.disable()
+    _collect_and_freeze()
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), counter:
+            _materialise(model, counter, setup.in_blocks)
+            params = [p for p in model.parameters() if p.requires_grad]
+            opt = _warm_optimizer(job, params, counter, semantics.optimizer_foreach)
+            marks = [_mark(counter)]
+            for p in params:              # not read: the step's own backward makes them
+                p.grad = torch.zeros_like(p)
+                counter.retag(p.grad, "gradients")
+            counter.phase, counter.count_ops = "optimizer", True
+            marks.append(_mark(counter))
+            opt.step()
+            marks.append(_mark(counter))
+            opt.zero_grad(set_to_none=True)
+            states = counter.by_cat["optimizer_states"]
+            last = (counter.live_by_block("optimizer_states", counter.last_block)
+                    if setup.stack is not None else 0)
+            counter.closed = True
+    except TrainplanError:
+        raise
+    except Exception as e:
+        raise _untraceable(setup.bundle.name, e) from None
+    finally:
+        gc.enable()
+    log = TraceLog(counter.memory_log, counter.events,
+                   event_blocks(counter) if counter.tag_blocks else None, marks)
+    return OptimizerPart(log, list(counter.records), states, last,
+                         frozenset(counter.unknown_flop_ops), time.perf_counter() - t0)
 
 
 def _last_block(block: torch.nn.Module, counter: StepCounter) -> dict[str, float]:

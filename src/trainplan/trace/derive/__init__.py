@@ -3,13 +3,15 @@ micro-batch and block.
 
     traces.py       the trace cache (`Traces`): exact and at any micro-batch, whole or stitched
     cache.py        real traces: in memory, on disk (trace/store.py), off a twin, off the step
-                    without accumulation; schedule.py makes many at once, rounds.py in rounds
+                    without accumulation or with another update; schedule.py makes many at
+                    once, rounds.py in rounds
     anchoring.py    which job a trace is of, which micro-batches are traced
     twins.py        steps one trace serves for two targets (`canonical`)
     stitch.py       a deep model's step from a trace cut to a few blocks
     repeat.py       a cut trace's allocations repeated over the whole stack
     peaks.py        each phase's peak over the whole stack, off the cut trace's log
     accumulate.py   the step with gradient accumulation, off the step without it
+    swap.py         the step with another optimizer's update, off the step with one
     interpolate.py  a micro-batch between (or beyond) two traced ones
     allocator.py    PyTorch's caching allocator, replayed; replays.py its fragmentation
     inference.py    generation's inference forwards

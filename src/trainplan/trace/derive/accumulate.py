@@ -43,7 +43,7 @@ def derivable(sem) -> bool:
 def accumulated(tr: Trace) -> Trace | None:
     """`tr`, a step without accumulation, as the step with it (module docstring), or None."""
     tl = tr.log
-    if len(tl.marks) != 2 or any(g.log is None for g in tl.gradients) \
+    if len(tl.marks) != 3 or any(g.log is None for g in tl.gradients) \
             or not derivable(tr.semantics):
         return None
     spliced = _spliced(tl)
@@ -82,7 +82,7 @@ def _spliced(tl: TraceLog) -> tuple[list, list[Event], list[int] | None] | None:
     """(memory log, events, event blocks) of the step with the first micro-batch's copy
     spliced in before the update (module docstring), or None where it is not a step this
     reads."""
-    (log_f, ev_f), (log_o, ev_o) = tl.marks
+    (log_f, ev_f), (log_o, ev_o) = tl.marks[:2]
     log = tl.memory
     made = {g.log: g for g in tl.gradients}
     out = list(log[:log_o])

@@ -88,3 +88,8 @@ def describe_forward(job, sem: KernelSemantics, batch: int, new_tokens: int, con
     """The progress line for one generation forward."""
     what = f"prefill of {new_tokens} tokens" if not context else f"decode at context {context}"
     return f"tracing {job.model_label} generation ({batch} sequences, {what})"
+
+
+def describe_update(job) -> str:
+    """The progress line for one optimizer's update (cache.py `_part`)."""
+    return f"tracing {job.model_label} {job.optimizer.label} update"

@@ -1,10 +1,13 @@
 """The real traces a plan reads: one per (traced job, kernel semantics, blocks kept, micro-batch),
 made once per process, kept on disk between runs (trace/store.py), or read off a twin's
-(twins.py) or off the step without gradient accumulation (accumulate.py).
+(twins.py), off the step without gradient accumulation (accumulate.py) or off the same step with
+another optimizer (swap.py).
 
 `TraceCache._real` is the one way a real trace is had: from this cache, from a twin's trace,
 from the disk store (its own, or its attention twin's where that is the same step), read off the
-step without accumulation, deferred to the round's parallel tracing (rounds.py), or traced now.
+step without accumulation, read off the step with another optimizer held here or on disk (its
+optimizer's update made once per model: `_part`), deferred to the round's parallel tracing
+(rounds.py), or traced now.
 Keys are values: the traced job's repr (kept per job value: planning asks for the same few jobs
 thousands of times), the semantics' key and the blocks kept.
 """
@@ -13,16 +16,19 @@ from __future__ import annotations
 import bisect
 import functools
 from collections.abc import Callable
+from dataclasses import replace
 
+from ... import optimizer as opt_mod
 from .. import store
-from ..facts import Trace
+from ..facts import OptimizerPart, Trace
 from ..semantics import KernelSemantics
 from ..stack import HIGH
-from ..parallel import trace_all
+from ..parallel import OptimizerStep, trace_all
 from .accumulate import accumulated, derivable
 from .anchoring import describe, trace_job
 from .replays import prepare
-from .rounds import Deferred, Rounds, asked
+from .rounds import Deferred, Rounds, asked, may_trace, record
+from .swap import swapped
 from .twins import Twin, as_semantics, attention_twin, hint_key, relabel, twin
 
 
@@ -38,6 +44,21 @@ def variant(job) -> str:
     except TypeError:            # a job holding a mapping (a py: model's model_args)
         return repr(trace_job(job))
     return _variant_of(job)
+
+
+# the optimizers a step is traced with (optimizer.py `traced_as`), AdamW first: the steps a
+# step with another update is read off (`TraceCache._swapped`)
+TRACED_OPTIMIZERS = tuple(dict.fromkeys(opt_mod.traced_as(o) for o in opt_mod.ALL))
+PENDING = object()      # `_swapped`: the optimizer's update is asked of the round
+
+
+def part_job(job):
+    """The job as its optimizer's update sees it (tracer.py `trace_optimizer`): the traced job
+    with what changes no parameter and no update reset (checkpointing, accumulation), so that
+    one update serves the rungs that differ only in those. swap.py checks the parameters' setup
+    of each step it reads entry for entry, so a setting left here changes only how often an
+    update is made, never a result."""
+    return trace_job(job).with_(grad_checkpointing="none", checkpoint_impl="auto", grad_accum=1)
 
 
 def trace_one(request: tuple) -> Trace:
@@ -64,6 +85,7 @@ class TraceCache(Rounds):
         self._flash_hint: dict[tuple, bool] = {}    # did a trace of this model take flash?
         self.traced = 0                             # traces made by this cache
         self.loaded = 0                             # traces read from the disk store
+        self._parts: dict[tuple, object] = {}      # optimizers' updates (`_part`)
 
     def _key(self, job, sem: KernelSemantics, depth: int | None = None) -> tuple:
         """(the traced variant, the kernel semantics, blocks kept)."""
@@ -113,6 +135,11 @@ class TraceCache(Rounds):
                 store.save(name, prepare(made))
                 self._store(key, batch, made)
                 return made
+        made = self._swapped(job, sem, batch, depth)
+        if made is PENDING:
+            raise Deferred
+        if made is not None:
+            return made
         if self.deferring is not None and at not in self._failed:
             self.deferring.append((job, sem, batch, depth))
             raise Deferred
@@ -128,6 +155,62 @@ class TraceCache(Rounds):
         self._store(key, batch, tr, "traced")
         self._learn(job, sem, tr)
         return self._exact[at]
+
+    def _swapped(self, job, sem: KernelSemantics, batch: int, depth: int | None,
+                 ask: bool = True):
+        """The step read off the same step with another update (swap.py: another optimizer, or
+        torch.optim's multi-tensor step for its per-parameter loop or back), held in this cache
+        or the disk store, and kept like a trace; PENDING where the optimizer's update is asked
+        of this round (or cannot be made within `made_only`); None where no such step is held,
+        the update could not be made (or, without `ask`, is not made yet), or the step cannot be
+        read off."""
+        if not ask and self._part_key(job, sem, depth) not in self._parts:
+            return None
+        mine, own = opt_mod.traced_as(job.optimizer), sem.optimizer_foreach
+        # another optimizer first, then the other implementation of each (AdamW's first)
+        bases = [(o, own) for o in TRACED_OPTIMIZERS if o is not mine] + \
+            [(o, not own) for o in (mine,) + TRACED_OPTIMIZERS]
+        for other, foreach in dict.fromkeys(bases):
+            bjob = job.with_(optimizer=other)
+            bsem = replace(sem, optimizer_foreach=foreach)
+            if not self._held(bjob, bsem, batch, depth):
+                continue
+            part = self._part(job, sem, depth, ask)
+            if part is PENDING or not isinstance(part, OptimizerPart):
+                return part if part is PENDING else None
+            base = self._exact[self._key(bjob, bsem, depth) + (batch,)]
+            made = swapped(base, part, sem)
+            if made is not None:             # kept on disk like a trace
+                store.save(store.key(trace_job(job), sem, batch, depth), prepare(made))
+                self._store(self._key(job, sem, depth), batch, made)
+            return made
+        return None
+
+    def _part(self, job, sem: KernelSemantics, depth: int | None, ask: bool = True):
+        """`job`'s optimizer's update (tracer.py `trace_optimizer`), made once per process for
+        every step that shares it (`part_job`): made in a worker with the round's traces
+        (rounds.py `record`: PENDING until then), or now outside rounds; a TrainplanError where
+        it cannot be made; None, without `ask`, where it is not made yet."""
+        key = self._part_key(job, sem, depth)
+        if key not in self._parts:
+            if not ask:
+                return None
+            request = OptimizerStep(part_job(job), replace(sem, attention="efficient"), depth)
+
+            def keep(made):
+                self._parts[key] = made
+
+            if record(key, request, keep):
+                return PENDING
+            if not may_trace() or self.deferring is not None:
+                return PENDING
+            keep(trace_all([request])[0])
+        return self._parts[key]
+
+    def _part_key(self, job, sem: KernelSemantics, depth: int | None) -> tuple:
+        """What `_part` keeps an update by: the job as it sees it, the semantics but for the
+        attention kernel (no update runs one), the blocks kept."""
+        return (variant(part_job(job)), replace(sem, attention="efficient").key(), depth)
 
     def _hint(self, job, sem: KernelSemantics) -> bool | None:
         """Whether traces of this model at this precision took flash (None: none made yet); it

@@ -53,10 +53,19 @@ def defer_forward(key, request, keep: Callable) -> None:
     with the round's other traces, on all cores: recorded under `key` with `keep(trace or
     TrainplanError)`, which caches it, and the task deferred (`Deferred`). Outside, or within
     `made_only`, nothing is recorded: the caller traces it now (or not)."""
+    if record(key, request, keep):
+        raise Deferred
+
+
+def record(key, request, keep: Callable) -> bool:
+    """Record a request other than a step's trace (a generation forward, an optimizer's update:
+    cache.py `_swapped`) to be made with the round's traces, as `defer_forward` does, without
+    deferring the task: True where recorded (within `Traces.in_rounds`, outside `made_only`)."""
     pending = _FORWARDS.get()
     if pending is not None and may_trace():
         pending.append((key, request, keep))
-        raise Deferred
+        return True
+    return False
 
 
 def asked(ask: Callable) -> list[tuple]:

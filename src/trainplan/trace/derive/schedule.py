@@ -5,15 +5,22 @@ Each request is made in its canonical form (twins.py `canonical`): a request the
 holds, or reads off the disk store, is not traced. A flash request whose memory-efficient twin
 is asked for too waits for it and is made only where that one took flash calls (the two are the
 same step otherwise: twins.py `attention_twin`); a core that would sit idle makes it anyway.
+Of requests that differ only in their optimizer's update (8-bit AdamW beside AdamW, an MPS
+platform's per-parameter loop beside CUDA's multi-tensor step), one is traced and the others
+read off it (`_alike`, cache.py `_swapped`), their updates made beside the traces.
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import replace
+
+from ...optimizer import ADAMW, traced_as
 from .. import store
 from ..facts import Trace
-from ..parallel import IDLE, RUN, SKIP, WAIT, trace_all
+from ..parallel import IDLE, RUN, SKIP, WAIT, Forward, OptimizerStep, trace_all
 from ..stack import HIGH
-from .anchoring import describe, describe_forward, trace_job
-from .cache import TraceCache
+from .anchoring import describe, describe_forward, describe_update, trace_job
+from .cache import PENDING, TRACED_OPTIMIZERS, TraceCache, part_job, variant
 from .replays import prepare
 from .rounds import Deferred
 from .twins import as_semantics, attention_twin, canonical
@@ -38,9 +45,16 @@ class Scheduling(TraceCache):
         if self.deferring is not None:
             # not held, and not failed in a worker: a failed one is asked of `exact`, which
             # traces it here and raises its error (deferring on it again would ask it forever)
-            missing = [r for r in todo if not self._held(*r) and
-                       self._key(r[0], r[1], r[3]) + (r[2],) not in self._failed]
-            if missing:
+            missing, pending = [], False
+            for r in todo:
+                if self._held(*r) or self._key(r[0], r[1], r[3]) + (r[2],) in self._failed:
+                    continue
+                made = self._swapped(*r)     # read off another optimizer's step (cache.py)
+                if made is PENDING:
+                    pending = True
+                elif made is None:
+                    missing.append(r)
+            if missing or pending:
                 self.deferring.extend(missing)
                 raise Deferred
             return
@@ -59,7 +73,14 @@ class Scheduling(TraceCache):
         fwd = list({key: (request, keep) for key, request, keep in forwards}.values())
         if len(todo) + len(fwd) < at_least:
             return
-        todo = [r for r in todo if not self._held(*r[1:])]
+        todo = [r for r in todo if not self._held(*r[1:])
+                and self._swapped(*r[1:], ask=False) is None]
+        todo, swaps = self._alike(todo)
+        fwd += [(OptimizerStep(part_job(tj), replace(sem, attention="efficient"), depth),
+                 functools.partial(self._parts.__setitem__, pkey))
+                for pkey, (tj, sem, depth) in {self._part_key(*r[1:3], r[4]): r[1:3] + r[4:]
+                                               for r in swaps}.items()
+                if pkey not in self._parts]
         if not todo and not fwd:
             return
         first, then = self._pairs(todo)
@@ -82,7 +103,8 @@ class Scheduling(TraceCache):
                 return
             if i >= steps:
                 f = fwd[i - steps][0]
-                self._progress(describe_forward(f.job, f.sem, f.batch, f.new_tokens, f.context))
+                self._progress(describe_forward(f.job, f.sem, f.batch, f.new_tokens, f.context)
+                               if isinstance(f, Forward) else describe_update(f.job))
                 return
             _key, tj, sem, batch, _d = first[i] if kind == "r" else then[i]
             self._progress(describe(tj, sem, batch))
@@ -99,6 +121,30 @@ class Scheduling(TraceCache):
                     self._keep(fkey, ftj, fsem, more[i], True)
                 else:                     # the same step (policy: not made)
                     self._keep(fkey, ftj, fsem, as_semantics(tr, fsem), False)
+        left = [r for r in swaps if self._swapped(*r[1:], ask=False) is None]
+        if left:                          # not read off after all: traced
+            self.fill([(tj, sem, batch, depth) for _k, tj, sem, batch, depth in left])
+
+    def _alike(self, todo: list[tuple]) -> tuple[list[tuple], list[tuple]]:
+        """(the requests to trace, those to read off one of them: cache.py `_swapped`): of
+        requests that differ only in their update (the optimizer, torch.optim's multi-tensor
+        step or its per-parameter loop), the one with AdamW's multi-tensor step, else the first
+        optimizer of optimizer.py's, is traced, and the rest read off it once it is made, each
+        with its optimizer's update made beside the traces."""
+        groups: dict[tuple, list[tuple]] = {}
+        for r in todo:
+            _key, tj, sem, batch, depth = r
+            groups.setdefault((variant(tj.with_(optimizer=ADAMW)),
+                               replace(sem, optimizer_foreach=True).key(), depth, batch),
+                              []).append(r)
+        traced, swaps = [], []
+        for alike in groups.values():
+            alike.sort(key=lambda r: (TRACED_OPTIMIZERS.index(traced_as(r[1].optimizer)),
+                                      not r[2].optimizer_foreach))
+            traced.append(alike[0])
+            swaps += alike[1:]
+        order = {id(r): n for n, r in enumerate(todo)}
+        return sorted(traced, key=lambda r: order[id(r)]), swaps
 
     def _pairs(self, todo: list[tuple]) -> tuple[list[tuple], dict[int, tuple]]:
         """(requests, {i: the flash request that waits for request i}): a flash request whose

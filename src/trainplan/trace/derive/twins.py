@@ -8,6 +8,9 @@ or one's step is read off the other's, one trace serves both.
 * A TPU's fp16 AMP step is its bf16 AMP step (`same_step`): XLA runs AMP in bf16.
 * A step with gradient accumulation is read off the step without it (accumulate.py), exact,
   except under channels_last.
+* A step with another optimizer's update (8-bit AdamW for AdamW, torch.optim's per-parameter
+  loop for its multi-tensor step) is read off the step with one and the update made alone
+  (swap.py, cache.py `_swapped`), exact where the two set the parameters up alike.
 * Flash and memory-efficient attention share a trace where no SDPA call could take flash
   (`attention_twin`: a bias such as ALiBi, a padding mask, fp32, a CNN). That is known only once
   one of the two is traced (`Trace.flash_eligible`), so the cache traces the memory-efficient
