@@ -5,8 +5,8 @@ another optimizer (swap.py).
 
 `TraceCache._real` is the one way a real trace is had: from this cache, from a twin's trace,
 from the disk store (its own, or its attention twin's where that is the same step), read off the
-step without accumulation, read off the step with another optimizer held here or on disk (its
-optimizer's update made once per model: `_part`), deferred to the round's parallel tracing
+step without accumulation, read off the step with another optimizer held here (its optimizer's
+update made once per model: `_part`), deferred to the round's parallel tracing
 (rounds.py), or traced now.
 Keys are values: the traced job's repr (kept per job value: planning asks for the same few jobs
 thousands of times), the semantics' key and the blocks kept.
@@ -160,7 +160,8 @@ class TraceCache(Rounds):
                  ask: bool = True):
         """The step read off the same step with another update (swap.py: another optimizer, or
         torch.optim's multi-tensor step for its per-parameter loop or back), held in this cache
-        or the disk store, and kept like a trace; PENDING where the optimizer's update is asked
+        (a step only in the disk store is not looked for: each look reads the model's config,
+        and a trace read off is stored as it is), and kept like a trace; PENDING where the optimizer's update is asked
         of this round (or cannot be made within `made_only`); None where no such step is held,
         the update could not be made (or, without `ask`, is not made yet), or the step cannot be
         read off."""
@@ -171,20 +172,30 @@ class TraceCache(Rounds):
         bases = [(o, own) for o in TRACED_OPTIMIZERS if o is not mine] + \
             [(o, not own) for o in (mine,) + TRACED_OPTIMIZERS]
         for other, foreach in dict.fromkeys(bases):
-            bjob = job.with_(optimizer=other)
-            bsem = replace(sem, optimizer_foreach=foreach)
-            if not self._held(bjob, bsem, batch, depth):
+            base = self._in_memory(job.with_(optimizer=other),
+                                   replace(sem, optimizer_foreach=foreach), batch, depth)
+            if base is None:
                 continue
             part = self._part(job, sem, depth, ask)
             if part is PENDING or not isinstance(part, OptimizerPart):
                 return part if part is PENDING else None
-            base = self._exact[self._key(bjob, bsem, depth) + (batch,)]
             made = swapped(base, part, sem)
             if made is not None:             # kept on disk like a trace
                 store.save(store.key(trace_job(job), sem, batch, depth), prepare(made))
                 self._store(self._key(job, sem, depth), batch, made)
             return made
         return None
+
+    def _in_memory(self, job, sem: KernelSemantics, batch: int, depth: int | None
+                   ) -> Trace | None:
+        """The trace held in this cache, or its attention twin's where that is held and the same
+        step (`_shared`), else None: nothing is read from the disk store."""
+        at = self._key(job, sem, depth) + (batch,)
+        other = attention_twin(sem)
+        if at not in self._exact and other is not None \
+                and self._key(job, other, depth) + (batch,) in self._exact:
+            self._held(job, sem, batch, depth)
+        return self._exact.get(at)
 
     def _part(self, job, sem: KernelSemantics, depth: int | None, ask: bool = True):
         """`job`'s optimizer's update (tracer.py `trace_optimizer`), made once per process for
