@@ -35,7 +35,7 @@ import zlib
 from importlib import metadata
 from pathlib import Path
 
-from ..models.hf_names import load_config_dict
+from ..models.hf_names import is_local_ref, load_config_dict
 from ..paths import cache_dir
 from . import lazy
 
@@ -89,12 +89,25 @@ def _model_fingerprint(job) -> str | None:
         path = entry_file(job)
         return None if path is None else json.dumps(digests([path]))
     if job.model.startswith("hf:"):
-        try:
-            cfg = load_config_dict(job.model[3:])[0]
-        except Exception:     # building the model will say why; nothing to store
-            return None
-        return json.dumps(cfg, sort_keys=True, default=str)
+        ref = job.model[3:]
+        return _config_fingerprint(ref) if is_local_ref(ref) else _named_fingerprint(ref)
     return ""
+
+
+def _config_fingerprint(ref: str) -> str | None:
+    """The model's config as text (sorted keys), None where it cannot be read."""
+    try:
+        cfg = load_config_dict(ref)[0]
+    except Exception:     # building the model will say why; nothing to store
+        return None
+    return json.dumps(cfg, sort_keys=True, default=str)
+
+
+@functools.lru_cache(maxsize=256)
+def _named_fingerprint(ref: str) -> str | None:
+    """`_config_fingerprint` of a bundled or hub id, read once a process (a plan keys thousands
+    of traces of one model); a local config.json is read each time (it may be edited)."""
+    return _config_fingerprint(ref)
 
 
 def key(job, sem, batch: int, depth: int | None) -> str | None:
