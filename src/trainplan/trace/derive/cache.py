@@ -6,8 +6,8 @@ another optimizer (swap.py).
 `TraceCache._real` is the one way a real trace is had: from this cache, from a twin's trace,
 from the disk store (its own, or its attention twin's where that is the same step), read off the
 step without accumulation, read off the step with another optimizer held here (its optimizer's
-update made once per model: `_part`), deferred to the round's parallel tracing
-(rounds.py), or traced now.
+update made once per model: `_part`), deferred to the round's parallel tracing (rounds.py), or
+traced now.
 Keys are values: the traced job's repr (kept per job value: planning asks for the same few jobs
 thousands of times), the semantics' key and the blocks kept.
 """
@@ -159,12 +159,12 @@ class TraceCache(Rounds):
     def _swapped(self, job, sem: KernelSemantics, batch: int, depth: int | None,
                  ask: bool = True):
         """The step read off the same step with another update (swap.py: another optimizer, or
-        torch.optim's multi-tensor step for its per-parameter loop or back), held in this cache
-        (a step only in the disk store is not looked for: each look reads the model's config,
-        and a trace read off is stored as it is), and kept like a trace; PENDING where the optimizer's update is asked
-        of this round (or cannot be made within `made_only`); None where no such step is held,
-        the update could not be made (or, without `ask`, is not made yet), or the step cannot be
-        read off."""
+        torch.optim's multi-tensor step for its per-parameter loop or back) held in this cache,
+        and kept like a trace (on disk too); PENDING where the optimizer's update is asked of
+        this round (or cannot be made within `made_only`); None where no such step is held, the
+        update could not be made (or, without `ask`, is not made yet), or the step cannot be
+        read off. A step only in the disk store is not looked for: a read-off step is stored
+        itself, and looking costs a store key for each of 15 other updates."""
         if not ask and self._part_key(job, sem, depth) not in self._parts:
             return None
         mine, own = opt_mod.traced_as(job.optimizer), sem.optimizer_foreach
