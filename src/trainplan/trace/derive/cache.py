@@ -165,7 +165,7 @@ class TraceCache(Rounds):
         update could not be made (or, without `ask`, is not made yet), or the step cannot be
         read off. A step only in the disk store is not looked for: a read-off step is stored
         itself, and looking costs a store key for each of 15 other updates."""
-        if not ask and self._part_key(job, sem, depth) not in self._parts:
+        if not ask and self._part(job, sem, depth, ask=False) is None:
             return None
         mine, own = opt_mod.traced_as(job.optimizer), sem.optimizer_foreach
         # another optimizer first, then the other implementation of each (AdamW's first)
@@ -202,15 +202,10 @@ class TraceCache(Rounds):
         every step that shares it (`part_job`): made in a worker with the round's traces
         (rounds.py `record`: PENDING until then), or now outside rounds; a TrainplanError where
         it cannot be made; None, without `ask`, where it is not made yet."""
-        key = self._part_key(job, sem, depth)
+        key, request, keep = self._part_request(job, sem, depth)
         if key not in self._parts:
             if not ask:
                 return None
-            request = OptimizerStep(part_job(job), replace(sem, attention="efficient"), depth)
-
-            def keep(made):
-                self._parts[key] = made
-
             if record(key, request, keep):
                 return PENDING
             if not may_trace() or self.deferring is not None:
@@ -218,10 +213,14 @@ class TraceCache(Rounds):
             keep(trace_all([request])[0])
         return self._parts[key]
 
-    def _part_key(self, job, sem: KernelSemantics, depth: int | None) -> tuple:
-        """What `_part` keeps an update by: the job as it sees it, the semantics but for the
-        attention kernel (no update runs one), the blocks kept."""
-        return (variant(part_job(job)), replace(sem, attention="efficient").key(), depth)
+    def _part_request(self, job, sem: KernelSemantics, depth: int | None) -> tuple:
+        """(the key `_part` keeps `job`'s update by, the request that makes it, the function
+        that keeps what it made): the job as the update sees it (`part_job`), the semantics but
+        for the attention kernel (no update runs one), the blocks kept."""
+        pj, psem = part_job(job), replace(sem, attention="efficient")
+        key = (variant(pj), psem.key(), depth)
+        return key, OptimizerStep(pj, psem, depth), functools.partial(self._parts.__setitem__,
+                                                                      key)
 
     def _hint(self, job, sem: KernelSemantics) -> bool | None:
         """Whether traces of this model at this precision took flash (None: none made yet); it

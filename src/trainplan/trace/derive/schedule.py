@@ -11,16 +11,15 @@ read off it (`_alike`, cache.py `_swapped`), their updates made beside the trace
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 
 from ...optimizer import ADAMW, traced_as
 from .. import store
 from ..facts import Trace
-from ..parallel import IDLE, RUN, SKIP, WAIT, Forward, OptimizerStep, trace_all
+from ..parallel import IDLE, RUN, SKIP, WAIT, Forward, trace_all
 from ..stack import HIGH
 from .anchoring import describe, describe_forward, describe_update, trace_job
-from .cache import PENDING, TRACED_OPTIMIZERS, TraceCache, part_job, variant
+from .cache import PENDING, TRACED_OPTIMIZERS, TraceCache, variant
 from .replays import prepare
 from .rounds import Deferred
 from .twins import as_semantics, attention_twin, canonical
@@ -76,11 +75,9 @@ class Scheduling(TraceCache):
         todo = [r for r in todo if not self._held(*r[1:])
                 and self._swapped(*r[1:], ask=False) is None]
         todo, swaps = self._alike(todo)
-        fwd += [(OptimizerStep(part_job(tj), replace(sem, attention="efficient"), depth),
-                 functools.partial(self._parts.__setitem__, pkey))
-                for pkey, (tj, sem, depth) in {self._part_key(*r[1:3], r[4]): r[1:3] + r[4:]
-                                               for r in swaps}.items()
-                if pkey not in self._parts]
+        updates = (self._part_request(tj, sem, depth) for _k, tj, sem, _b, depth in swaps)
+        fwd += {key: (request, keep) for key, request, keep in updates
+                if key not in self._parts}.values()
         if not todo and not fwd:
             return
         first, then = self._pairs(todo)

@@ -29,7 +29,7 @@ field, against steps traced with B.
 A plan's fix ladder asks for a job's step with 8-bit AdamW after the same step with AdamW
 (plan/fixes.py): `trace_optimizer` for it is a fraction of a step's trace (no forward, no
 backward), and one serves every micro-batch, sequence length and checkpointing of that model
-(the cache keys it by what sets the parameters up: cache.py `_part_key`).
+(the cache keys it by what sets the parameters up: cache.py `_part_request`).
 """
 from __future__ import annotations
 
@@ -37,8 +37,6 @@ from dataclasses import replace
 
 from ..facts import OptimizerPart, Trace
 from ..log import Alloc, Event, Free, Mark, Retag, TraceLog, downsample, replay_log
-
-FAMILIES = ("matmul", "attention", "other")
 
 
 def _setup_end(tl: TraceLog) -> tuple[int, int]:
@@ -132,8 +130,10 @@ def swapped(base: Trace, part: OptimizerPart, semantics=None) -> Trace | None:
     marks = [Mark(fwd, pfe), Mark(upd, upd_e), Mark(freed, freed_e)]
     ops = [o for o in base.ops if o.phase != "optimizer"] + list(part.ops)
     flops, moved = dict(base.flops), dict(base.bytes_moved)
-    flops["optimizer"] = {f: sum(o.flops for o in part.ops if o.family == f) for f in FAMILIES}
-    moved["optimizer"] = {f: sum(o.bytes for o in part.ops if o.family == f) for f in FAMILIES}
+    flops["optimizer"] = {f: sum(o.flops for o in part.ops if o.family == f)
+                          for f in base.flops["optimizer"]}
+    moved["optimizer"] = {f: sum(o.bytes for o in part.ops if o.family == f)
+                          for f in base.bytes_moved["optimizer"]}
     last = (dict(base.last_block, optimizer_state_bytes=part.last_block_state_bytes)
             if base.last_block is not None else None)
     return replace(base, optimizer_state_bytes=part.optimizer_state_bytes, phase_peaks=peaks,
