@@ -78,3 +78,30 @@ def tiny_job(**kw) -> Job:
 
 def trace(job, attention="efficient", autocast=None, batch=None):
     return trace_step(job, KernelSemantics(attention=attention, autocast_dtype=autocast), batch)
+
+
+def shallow(model_id: str, layers: int = 8) -> str:
+    """`hf:` reference of a bundled model's own config.json with `layers` blocks instead of its
+    own: the same blocks and head, fewer of them. Checks of a derivation in which the block
+    count is a parameter (trace/derive/stitch.py reads L off the model) compare a cut trace with
+    a full one of a model this deep, at a fraction of a 16- or 24-block trace's cost. Written
+    once to one folder every pytest-xdist worker shares (a trace's store key holds its path)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from trainplan.models.hf_names import DEPTH_KEYS, load_config_dict
+    cfg = dict(load_config_dict(model_id)[0])
+    keys = [k for k in DEPTH_KEYS if isinstance(cfg.get(k), int)]
+    assert keys, f"{model_id}: no block count in its config"
+    for k in keys:
+        cfg[k] = layers
+    folder = Path(tempfile.gettempdir()) / f"trainplan-tests-{os.getuid()}" / "shallow"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{model_id.replace('/', '--')}-{layers}-blocks.json"
+    text = json.dumps(cfg, indent=1, sort_keys=True)
+    if not path.exists() or path.read_text() != text:      # whole or absent
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return f"hf:{path}"

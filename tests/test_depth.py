@@ -12,19 +12,30 @@ from trainplan.trace.derive import traces as traces_mod
 from trainplan.spec import Job, Lora
 from trainplan.trace.stack import cut, repeated_stack
 
-LLAMA = Job(model="hf:meta-llama/Llama-3.2-1B", seq_len=128, precision="bf16-amp")
+from conftest import shallow
+
+# The models' own blocks and heads, BLOCKS of each (conftest.py `shallow`): the cut keeps 4,
+# the step reads the other BLOCKS - 4 off them as it reads 12 or 76 (stitch.py takes the block
+# count from the model), and the full traces compared with are a third to a half of the 16- and
+# 24-block models' cost
+BLOCKS = 8
+LLAMA = Job(model=shallow("meta-llama/Llama-3.2-1B", BLOCKS), seq_len=128, precision="bf16-amp")
+GPT2 = Job(model=shallow("openai-community/gpt2-medium", BLOCKS), seq_len=128,
+           precision="fp16-amp")
+ROBERTA, OPT, DEBERTA = (shallow(m, BLOCKS) for m in ("FacebookAI/roberta-large",
+                                                      "facebook/opt-350m",
+                                                      "microsoft/deberta-v3-large"))
 TORCHAO_QLORA = LLAMA.with_(lora=Lora(), quantize="torchao-nf4", precision="bf16")
 # BERT's layers free each block's last gradient once the block below has begun its backward
 # (repeat.py `_gradients_freed_late`)
-BERT = Job(model="hf:google-bert/bert-large-uncased", seq_len=128, precision="fp32")
+BERT = Job(model=shallow("google-bert/bert-large-uncased", BLOCKS), seq_len=128, precision="fp32")
 CASES = {
     "llama": (LLAMA, "a100-80gb", 4),
     "llama-full-ckpt": (LLAMA.with_(grad_checkpointing="full"), "a100-80gb", 4),
     "llama-accum": (LLAMA.with_(grad_accum=4), "a100-80gb", 3),
     "llama-qlora": (LLAMA.with_(lora=Lora(), quantize="nf4", grad_checkpointing="full"), "t4", 4),
     "llama-8bit": (LLAMA.with_(optimizer="adamw-8bit", grad_checkpointing="selective"), "l4", 7),
-    "gpt2-fp16": (Job(model="hf:openai-community/gpt2-medium", seq_len=128, precision="fp16-amp"),
-                  "t4", 8),
+    "gpt2-fp16": (GPT2, "t4", 8),
     # the optimizer's per-parameter loop (MPS: no foreach kernels), a temporary of each block's
     # last parameter freed in the next block's update (repeat.py `_merge_lagging_frees`)
     "llama-mps": (LLAMA.with_(grad_checkpointing="selective"), "m3-max-128gb", 2),
@@ -40,12 +51,12 @@ CASES = {
 
 
 @pytest.fixture(autouse=True)
-def _cut_from_16(monkeypatch):
-    """These checks cut 16- to 24-block models (whose full traces are cheap to compare with), as
+def _cut_from_blocks(monkeypatch):
+    """These checks cut BLOCKS-block models (whose full traces are cheap to compare with), as
     the planner does (trace/stack.py MIN_BLOCKS), whatever MIN_BLOCKS becomes."""
     import trainplan.trace.stack as trace_depth
-    monkeypatch.setattr(trace_depth, "MIN_BLOCKS", 16)
-    monkeypatch.setattr(traces_mod, "MIN_BLOCKS", 16)
+    monkeypatch.setattr(trace_depth, "MIN_BLOCKS", BLOCKS)
+    monkeypatch.setattr(traces_mod, "MIN_BLOCKS", BLOCKS)
     monkeypatch.setenv("TRAINPLAN_JOBS", "1")      # worker pools forked earlier cut from 40
 
 
@@ -92,22 +103,22 @@ REPLAYS = {
     "llama-qlora-full-ckpt": LLAMA.with_(lora=Lora(), quantize="nf4", grad_checkpointing="full"),
     "llama-selective-accum-8bit": LLAMA.with_(grad_checkpointing="selective", grad_accum=2,
                                               optimizer="adamw-8bit"),
-    "gpt2-fp16": Job(model="hf:openai-community/gpt2-medium", seq_len=128, precision="fp16-amp"),
+    "gpt2-fp16": GPT2,
     "llama-lora-mps": LLAMA.with_(lora=Lora()),
     "llama-qlora-torchao": TORCHAO_QLORA,
     # BERT (plain: test_cut_trace_gives_the_full_step) with LoRA, which also frees outputs
     # late, on MPS, which also lags in its optimizer loop: the three regroupings together
     "bert-lora-mps": BERT.with_(lora=Lora()),
     # the other stacks the regroupings made repeat (docs/speed.md)
-    "roberta": Job(model="hf:FacebookAI/roberta-large", seq_len=128, precision="fp32"),
-    "opt-lora-mps": Job(model="hf:facebook/opt-350m", seq_len=128, precision="fp32",
+    "roberta": Job(model=ROBERTA, seq_len=128, precision="fp32"),
+    "opt-lora-mps": Job(model=OPT, seq_len=128, precision="fp32",
                         lora=Lora()),
-    "roberta-torchao": Job(model="hf:FacebookAI/roberta-large", seq_len=128, precision="bf16",
-                           lora=Lora(), quantize="torchao-nf4"),
+    "roberta-torchao": Job(model=ROBERTA, seq_len=128, precision="bf16", lora=Lora(),
+                           quantize="torchao-nf4"),
     # DeBERTa's head drops a tuple of every block's output, blocks P .. 0 and then the last
     # (repeat.py DOWN_THEN_LAST), and block 0's backward frees each block's share of the shared
     # relative embeddings' gradient (`_freed_by_all`, in an earlier block's run)
-    "deberta-lora": Job(model="hf:microsoft/deberta-v3-large", seq_len=128, precision="fp32",
+    "deberta-lora": Job(model=DEBERTA, seq_len=128, precision="fp32",
                         lora=Lora()),
 }
 ON = {"llama-lora-mps": "m3-max-128gb", "bert-lora-mps": "m3-max-128gb",   # else a100-80gb
@@ -151,7 +162,7 @@ EXTENDS = {
     "llama-qlora-full-ckpt": LLAMA.with_(lora=Lora(), quantize="nf4", grad_checkpointing="full"),
     "llama-selective-8bit-accum": LLAMA.with_(grad_checkpointing="selective",
                                               optimizer="adamw-8bit", grad_accum=2),
-    "gpt2-fp16": Job(model="hf:openai-community/gpt2-medium", seq_len=128, precision="fp16-amp"),
+    "gpt2-fp16": GPT2,
     "llama-mps": LLAMA.with_(grad_checkpointing="full"),
     "llama-lora-mps": LLAMA.with_(lora=Lora()),
     "llama-qlora-torchao": TORCHAO_QLORA,
@@ -161,9 +172,9 @@ EXTENDS = {
     # next block's checkpoint keeps an inner block's (tracer.py `_last_block`)
     "bert-lora-full-ckpt": BERT.with_(lora=Lora(), grad_checkpointing="full"),
     "llama-qlora-torchao-full-ckpt": TORCHAO_QLORA.with_(grad_checkpointing="full"),
-    "roberta-lora-full-ckpt": Job(model="hf:FacebookAI/roberta-large", seq_len=128,
+    "roberta-lora-full-ckpt": Job(model=ROBERTA, seq_len=128,
                                   precision="fp32", lora=Lora(), grad_checkpointing="full"),
-    "deberta-lora-full-ckpt": Job(model="hf:microsoft/deberta-v3-large", seq_len=128,
+    "deberta-lora-full-ckpt": Job(model=DEBERTA, seq_len=128,
                                   precision="fp32", lora=Lora(), grad_checkpointing="full"),
 }
 ON["llama-mps"] = "m3-max-128gb"
@@ -273,8 +284,8 @@ def test_a_cut_model_is_traced_at_one_depth(monkeypatch):
 
 def test_a_stack_whose_allocations_do_not_repeat_is_traced_whole_below_40_blocks(monkeypatch):
     """Where a cut trace's events do not repeat block by block (no bundled model's since BERT's
-    do, repeat.py `_gradients_freed_late`: made so here), a 24-block stack is traced whole rather
-    than take the 4-block replay's band (trace/stack.py EXACT_BLOCKS)."""
+    do, repeat.py `_gradients_freed_late`: made so here), a stack of fewer than 40 blocks is
+    traced whole rather than take the 4-block replay's band (trace/stack.py EXACT_BLOCKS)."""
     from trainplan.trace.derive import repeat
     monkeypatch.setattr(repeat, "_repeat_plan", lambda log: None)
     monkeypatch.setenv("TRAINPLAN_TRACE_CACHE", "off")     # no repeat plan stored with a trace
@@ -348,8 +359,8 @@ def test_peaks_read_off_an_interpolated_cut_trace_are_its_whole_logs():
     for batch, beyond in ((5, False), (20, True)):
         tr = trace_between(lo, hi, batch, extrapolate=beyond)
         assert tr.log.resized is not None
-        for blocks in (HIGH + 1, 16):
-            fast = whole_peaks(tr.log, blocks, also=(HIGH + 1, 16))
+        for blocks in (HIGH + 1, BLOCKS):
+            fast = whole_peaks(tr.log, blocks, also=(HIGH + 1, BLOCKS))
             assert fast is not None and fast == replay_log(whole_log(tr, blocks))[0]
 
 
@@ -375,14 +386,14 @@ def test_a_stored_cut_trace_keeps_its_whole_stack_peaks(monkeypatch):
     other = prepare(trace_step(job, sem, 8, depth=HIGH))
     stored = pickle.loads(lazy.dumps(made))
     assert stored.log.__dict__.get("peaks_memo") == made.log.peaks_memo
-    assert set(made.log.peaks_memo) == {HIGH + 1, 16}
+    assert set(made.log.peaks_memo) == {HIGH + 1, BLOCKS}
 
     def unread(*a):
         raise AssertionError("the stored log was read again")
     monkeypatch.setattr(peaks_mod, "_read", unread)
-    for blocks in (HIGH + 1, 16):
+    for blocks in (HIGH + 1, BLOCKS):
         assert peaks_mod.whole_peaks(stored.log, blocks) == \
             replay_log(whole_log(stored, blocks))[0]
     between = trace_between(made, other, 5)
-    between.log.peaks_memo[16] = "made here"
+    between.log.peaks_memo[BLOCKS] = "made here"
     assert "peaks_memo" not in pickle.loads(pickle.dumps(between.log)).__dict__

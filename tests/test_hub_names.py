@@ -268,6 +268,21 @@ def test_cli_accepts_config_path_without_prefix(tmp_path, capsys):
     assert json.loads(out.out)
 
 
+
+def test_a_config_naming_no_architecture_builds_its_families_model(tmp_path):
+    """microsoft/deberta-v3-large's config.json has no `architectures`: a user's copy of it
+    builds what the bundled id builds (DeBERTa-v2 has no causal-LM class; its masked-LM class
+    is the first task with a class for model_type 'deberta-v2') and says so, where it used to
+    stop on transformers' "Could not import module 'Gemma3nConfig'"."""
+    cfg, auto, _ = load_config_dict("microsoft/deberta-v3-large")
+    assert "architectures" not in cfg and auto == "AutoModelForMaskedLM"
+    small = {**cfg, "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+             "num_attention_heads": 4}
+    (tmp_path / "config.json").write_text(json.dumps(small))
+    own = build_model(validate(Job(model=f"hf:{tmp_path / 'config.json'}", seq_len=32)))
+    assert type(own.module).__name__ == "DebertaV2ForMaskedLM"
+    assert any("names no architecture; built DebertaV2ForMaskedLM" in n for n in own.notes)
+
 # --- downloads from the (fake) hub --------------------------------------------------------------
 
 def test_download_with_opt_in_then_cache(hub_env, monkeypatch):

@@ -90,29 +90,34 @@ def _family_class(name: str, model_type: str, is_auto: bool):
     return getattr(module, folded[cls_name.lower()]) if cls_name.lower() in folded else None
 
 
-def resolve_architecture(name: str, model_type: str):
+def resolve_architecture(name: str | None, model_type: str):
     """(class, note or None) for a config's architecture or an Auto class name.
 
-    Falls back on model_type when transformers has no class of that name: the head suffix picks
-    the task (HEAD_TASKS), the task's Auto mapping the class, and the note says what was built.
+    Falls back on model_type when transformers has no class of that name, or the config names
+    none (`architectures` absent, as in microsoft/deberta-v3-large's): the head suffix picks the
+    task (HEAD_TASKS; causal LM first where there is no name), the task's Auto mapping the
+    class, and the note says what was built.
     """
-    cls = _family_class(name, model_type, name in AUTO_MAPPINGS)
-    if cls is not None:
-        return cls, None
-    import transformers
-    if name in AUTO_MAPPINGS or hasattr(transformers, name):
-        return _auto_class(name), None
-    tasks = next((t for suffix, t in HEAD_TASKS if name.endswith(suffix)),
+    if name is not None:
+        cls = _family_class(name, model_type, name in AUTO_MAPPINGS)
+        if cls is not None:
+            return cls, None
+        import transformers
+        if name in AUTO_MAPPINGS or hasattr(transformers, name):
+            return _auto_class(name), None
+    tasks = next((t for suffix, t in HEAD_TASKS if name and name.endswith(suffix)),
                  ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModelForMaskedLM",
                   "AutoModel"))
     for auto in tasks:
         cls = _family_class(auto, model_type, True)
         if cls is not None:
-            return cls, (f"config.json names {name}, which transformers does not have; built "
-                         f"{cls.__name__}, transformers' {auto[len('AutoModelFor'):] or 'base'} "
-                         f"class for model_type {model_type!r}")
-    raise TrainplanError(f"transformers has no class {name!r} and no model for model_type "
-                         f"{model_type!r}.",
+            named = (f"names {name}, which transformers does not have" if name else
+                     "names no architecture")
+            return cls, (f"config.json {named}; built {cls.__name__}, transformers' "
+                         f"{auto[len('AutoModelFor'):] or 'base'} class for model_type "
+                         f"{model_type!r}")
+    what = f"transformers has no class {name!r}" if name else "config.json names no architecture"
+    raise TrainplanError(f"{what} and transformers has no model for model_type {model_type!r}.",
                          fix="set `architectures` in config.json to a transformers class, or "
                              "pass --task (causal-lm, masked-lm, seq2seq, ...)")
 
@@ -134,7 +139,7 @@ def build_hf(job, attention: str = "efficient") -> ModelBundle:
         auto_name = TASK_CLASSES[job.task]
     if auto_name is None:
         archs = cfg_dict.get("architectures") or []
-        auto_name = archs[0] if archs else "AutoModelForCausalLM"
+        auto_name = archs[0] if archs else None
     cls, mapped = resolve_architecture(auto_name, cfg_dict.get("model_type"))
     if mapped:
         auto_name = cls.__name__
