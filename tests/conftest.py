@@ -86,6 +86,7 @@ def shallow(model_id: str, layers: int = 8) -> str:
     count is a parameter (trace/derive/stitch.py reads L off the model) compare a cut trace with
     a full one of a model this deep, at a fraction of a 16- or 24-block trace's cost. Written
     once to one folder every pytest-xdist worker shares (a trace's store key holds its path)."""
+    import hashlib
     import json
     import tempfile
     from pathlib import Path
@@ -96,11 +97,13 @@ def shallow(model_id: str, layers: int = 8) -> str:
     assert keys, f"{model_id}: no block count in its config"
     for k in keys:
         cfg[k] = layers
+    text = json.dumps(cfg, indent=1, sort_keys=True)
     folder = Path(tempfile.gettempdir()) / f"trainplan-tests-{os.getuid()}" / "shallow"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{model_id.replace('/', '--')}-{layers}-blocks.json"
-    text = json.dumps(cfg, indent=1, sort_keys=True)
-    if not path.exists() or path.read_text() != text:      # whole or absent
+    # named by its content: test runs of two checkouts at once never rewrite each other's
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    path = folder / f"{model_id.replace('/', '--')}-{layers}-blocks-{digest}.json"
+    if not path.exists():                                   # whole or absent
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
