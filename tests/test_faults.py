@@ -202,8 +202,11 @@ def test_sigterm_in_the_loop_saves_then_stops(tmp_path):
     p.send_signal(signal.SIGTERM)
     _out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
-    step = int((tmp_path / "outcome.txt").read_text().split()[-1])
-    assert step >= 20 and "SIGTERM: saving at the next step" in err
+    outcome = (tmp_path / "outcome.txt").read_text().split()
+    step = int(outcome[-1])
+    # stopped by the signal, not run to its 1,000 steps (whose last save would pass the rest)
+    assert outcome[-2] == "stopped" and 20 <= step < 1000, outcome
+    assert "SIGTERM: saving at the next step" in err
     assert SessionGuard(tmp_path / "ck", signals=False, log=_quiet).latest().name == f"ckpt-{step:09d}"
 
 
