@@ -111,15 +111,13 @@ REPLAYS = {
     "bert-lora-mps": BERT.with_(lora=Lora()),
     # the other stacks the regroupings made repeat (docs/speed.md)
     "roberta": Job(model=ROBERTA, seq_len=128, precision="fp32"),
-    "opt-lora-mps": Job(model=OPT, seq_len=128, precision="fp32",
-                        lora=Lora()),
+    "opt-lora-mps": Job(model=OPT, seq_len=128, precision="fp32", lora=Lora()),
     "roberta-torchao": Job(model=ROBERTA, seq_len=128, precision="bf16", lora=Lora(),
                            quantize="torchao-nf4"),
     # DeBERTa's head drops a tuple of every block's output, blocks P .. 0 and then the last
     # (repeat.py DOWN_THEN_LAST), and block 0's backward frees each block's share of the shared
     # relative embeddings' gradient (`_freed_by_all`, in an earlier block's run)
-    "deberta-lora": Job(model=DEBERTA, seq_len=128, precision="fp32",
-                        lora=Lora()),
+    "deberta-lora": Job(model=DEBERTA, seq_len=128, precision="fp32", lora=Lora()),
 }
 ON = {"llama-lora-mps": "m3-max-128gb", "bert-lora-mps": "m3-max-128gb",   # else a100-80gb
       "opt-lora-mps": "m3-max-128gb"}
@@ -172,10 +170,10 @@ EXTENDS = {
     # next block's checkpoint keeps an inner block's (tracer.py `_last_block`)
     "bert-lora-full-ckpt": BERT.with_(lora=Lora(), grad_checkpointing="full"),
     "llama-qlora-torchao-full-ckpt": TORCHAO_QLORA.with_(grad_checkpointing="full"),
-    "roberta-lora-full-ckpt": Job(model=ROBERTA, seq_len=128,
-                                  precision="fp32", lora=Lora(), grad_checkpointing="full"),
-    "deberta-lora-full-ckpt": Job(model=DEBERTA, seq_len=128,
-                                  precision="fp32", lora=Lora(), grad_checkpointing="full"),
+    "roberta-lora-full-ckpt": Job(model=ROBERTA, seq_len=128, precision="fp32", lora=Lora(),
+                                  grad_checkpointing="full"),
+    "deberta-lora-full-ckpt": Job(model=DEBERTA, seq_len=128, precision="fp32", lora=Lora(),
+                                  grad_checkpointing="full"),
 }
 ON["llama-mps"] = "m3-max-128gb"
 
