@@ -52,20 +52,36 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
 
 @contextlib.contextmanager
 def planning(name: str):
-    """Held while this process plans example NAME (its JSON, or in process as
-    test_estimate_plan_agree.py does): another pytest-xdist worker planning it waits, then reads
-    what this one made (its traces are in the run's shared store) instead of tracing the same
-    steps at the same time (chart-rvr's cold plan is about two minutes on 2 cores)."""
+    """Held while this process makes NAME, an example's plan (its JSON, or in process as
+    test_estimate_plan_agree.py does) or other work shared by the run (`made_once`): another
+    pytest-xdist worker making it waits, then reads what this one made (a plan's traces are in
+    the run's shared store) instead of doing the same work at the same time (chart-rvr's cold
+    plan is about two minutes on 2 cores). Yields where the made text is kept."""
     run = os.environ.get("TRAINPLAN_TEST_RUN")
     if not run:
         yield None
         return
-    with open(Path(run) / f"plan-{name}.lock", "w") as lock:
+    with open(Path(run) / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            yield Path(run) / f"plan-{name}.json"
+            yield Path(run) / f"{name}.json"
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def made_once(name: str, make) -> str:
+    """The text `make()` returns, made once a test run: by the first process to ask, under
+    `planning(name)`, and kept in the run's folder (whole or absent: written, then renamed),
+    where every later asker reads it."""
+    with planning(name) as kept:
+        if kept is not None and kept.exists():
+            return kept.read_text()
+        text = make()
+        if kept is not None:
+            tmp = kept.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, kept)
+        return text
 
 
 def _argv(name: str) -> list[str]:
@@ -78,18 +94,13 @@ def _argv(name: str) -> list[str]:
 
 @functools.cache
 def example_json(name: str) -> str:
-    with planning(name) as made:
-        if made is not None and made.exists():
-            return made.read_text()
+    def plan() -> str:
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(["plan", *_argv(name), "--format", "json"])
         assert code == 0, err.getvalue()
-        if made is not None:                          # whole or absent: written, then renamed
-            tmp = made.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(out.getvalue())
-            os.replace(tmp, made)
         return out.getvalue()
+    return made_once(name, plan)
 
 
 def example_doc(name: str) -> dict:

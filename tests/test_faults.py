@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import importlib.util
 import json
 import os
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from plan_examples import made_once
 
 from trainplan.guard import COMMIT, GuardError, SessionGuard, latest_hf_checkpoint, verify
 from trainplan.guard import disk as gdisk
@@ -48,28 +48,19 @@ def _quiet(_msg):
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory):
     """path -> the uninterrupted run's ({step: model CRC}, final CRC), each run once a test run:
-    the first pytest-xdist worker to need it runs it and leaves it in the run's folder
-    ($TRAINPLAN_TEST_RUN, tests/conftest.py), where the others read it (a worker needing it
-    meanwhile waits, as tests/plan_examples.py's do). hf-torchrun's is the Trainer on 2
-    processes, its own; torchrun's serves --sharded too."""
+    the first pytest-xdist worker to need it runs it and the others read it
+    (tests/plan_examples.py `made_once`, as the example plans are). hf-torchrun's is the
+    Trainer on 2 processes, its own; torchrun's serves --sharded too."""
     made = {}
 
+    def run(path: str) -> str:
+        case = fi.Case(path, tmp_path_factory.mktemp(f"reference-{path}"))
+        return json.dumps(fi.reference(case))
+
     def get(path: str):
-        if path in made:
-            return made[path]
-        run = Path(os.environ["TRAINPLAN_TEST_RUN"])
-        with open(run / f"faults-reference-{path}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            kept = run / f"faults-reference-{path}.json"
-            if kept.exists():
-                steps, final = json.loads(kept.read_text())
-                made[path] = {int(k): v for k, v in steps.items()}, final
-            else:
-                case = fi.Case(path, tmp_path_factory.mktemp(f"reference-{path}"))
-                made[path] = fi.reference(case)
-                tmp = kept.with_suffix(f".{os.getpid()}.tmp")           # whole or absent
-                tmp.write_text(json.dumps(made[path]))
-                os.replace(tmp, kept)
+        if path not in made:
+            steps, final = json.loads(made_once(f"faults-reference-{path}", lambda: run(path)))
+            made[path] = {int(k): v for k, v in steps.items()}, final
         return made[path]
     return get
 

@@ -268,7 +268,6 @@ def test_cli_accepts_config_path_without_prefix(tmp_path, capsys):
     assert json.loads(out.out)
 
 
-
 def test_a_config_naming_no_architecture_builds_its_families_model(tmp_path):
     """microsoft/deberta-v3-large's config.json has no `architectures`: a user's copy of it
     builds what the bundled id builds (DeBERTa-v2 has no causal-LM class; its masked-LM class
@@ -282,6 +281,7 @@ def test_a_config_naming_no_architecture_builds_its_families_model(tmp_path):
     own = build_model(validate(Job(model=f"hf:{tmp_path / 'config.json'}", seq_len=32)))
     assert type(own.module).__name__ == "DebertaV2ForMaskedLM"
     assert any("names no architecture; built DebertaV2ForMaskedLM" in n for n in own.notes)
+
 
 # --- downloads from the (fake) hub --------------------------------------------------------------
 
