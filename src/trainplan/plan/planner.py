@@ -240,7 +240,8 @@ class Planner:
         """Trace at once, on all cores, what many platforms share: per traced variant and kernel
         semantics, what evaluating the per-device batch P reads (trace/derive/anchoring.py: the two
         anchors, and micro-batch 1 where P is 1), and a generating job's rollout forwards at P;
-        with `accumulate`, the steps with gradients accumulating."""
+        with `accumulate`, the steps with gradients accumulating; and, on cores left idle, what a
+        later round likely asks for (schedule.py `_guesses`)."""
         requests = []
         for jv, p in jobs_platforms:
             sem = semantics_for(jv, p.accelerator)
@@ -251,7 +252,8 @@ class Planner:
             for jv, p in jobs_platforms:
                 at_p = jv.with_(batch_size=self.per_device(p), grad_accum=1)
                 request_rollout(at_p, p.accelerator, devices_of(at_p, p.accelerator))
-        self.traces.prefetch(requests, [] if accumulate else self.traces.asked(rollouts))
+        self.traces.prefetch(requests, [] if accumulate else self.traces.asked(rollouts),
+                             guess=True)
 
     # --- the ladder -------------------------------------------------------------------------
     def ladder(self, jv, platform: Platform, cfg: Config, rungs=LADDER, need=None,

@@ -33,7 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..errors import TrainplanError
 from ..models import build_model
-from . import blocks as block_tags
+from . import blocks as block_tags, hf_values
 from .counters import StepCounter, event_blocks
 from .facts import InferenceTrace
 from .log import TraceLog
@@ -115,7 +115,8 @@ def trace_forward(job, sem: KernelSemantics, batch: int, new_tokens: int,
     vocab = job.transformer.vocab_size if reference else model.config.get_text_config().vocab_size
     gc.collect()
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), counter, torch.no_grad():
+        with FakeTensorMode(allow_non_fake_inputs=True), counter, torch.no_grad(), \
+                hf_values.as_on_gpu():
             counter.count_ops, counter.phase = False, "setup"
             _materialise(model, counter,
                          block_tags.module_blocks(layers) if layers is not None else None)

@@ -28,7 +28,7 @@ from torch.utils.module_tracker import ModuleTracker
 from ..errors import TrainplanError
 from ..models import ModelBundle, build_model
 from ..models.custom import user_files
-from . import fp8, moe, store, windows
+from . import fp8, hf_values, moe, store, windows
 from . import blocks as block_tags
 from .checkpointing import apply_checkpointing
 from .counters import StepCounter, event_blocks
@@ -200,7 +200,8 @@ def _run(job, semantics: KernelSemantics, batch: int, setup: _Setup, extra_mode)
     warm-up step, the counted micro-batch(es), the optimizer step."""
     bundle, counter, model = setup.bundle, setup.counter, setup.bundle.module
     fake = FakeTensorMode(allow_non_fake_inputs=True)
-    with fake, counter, (extra_mode if extra_mode is not None else contextlib.nullcontext()):
+    with fake, counter, hf_values.as_on_gpu(), \
+            (extra_mode if extra_mode is not None else contextlib.nullcontext()):
         _materialise(model, counter, setup.in_blocks)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
