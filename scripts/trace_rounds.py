@@ -8,8 +8,7 @@ traces on all cores): each training step asked for (micro-batch, attention kerne
 checkpointing, LoRA (its rank), quantisation, optimizer, accumulation, sequence length,
 precision and strategy), each generation forward (`Forward`: sequences, new tokens, context)
 and each optimizer's update (`OptimizerStep`, what a step with it is read off with),
-how many follow-ups it made, its wall time and when it started, and its speculative traces (made
-on idle cores, or not); every trace made one at a time
+how many follow-ups it made, its wall time and when it started; every trace made one at a time
 in this process, and the total. Set TRAINPLAN_TRACE_CACHE to an empty folder for a cold run
 (nothing read from the trace store).
 The README's "Speed of analysis" cites runs of this script.
@@ -56,10 +55,6 @@ def main() -> int:
         rounds on all cores, cache.py's and inference.py's traces made one at a time."""
         def trace_all(requests, *a, **kw):
             t = time.perf_counter()
-            guesses, made = kw.get("speculative") or [], []
-            if guesses and kw.get("kept"):
-                keep = kw["kept"]
-                kw["kept"] = lambda j, tr: (made.append(j), keep(j, tr))
             out = real(requests, *a, **kw)
             more = out[1] if isinstance(out, tuple) else [None] * len(requests)
             if where == "round":
@@ -72,8 +67,6 @@ def main() -> int:
                         if isinstance(r, OptimizerStep) else _step(*r))
                 _say(("  " + what) if where == "round" else
                      f"one at a time: {what}, {time.perf_counter() - t:.1f} s")
-            for j, g in enumerate(guesses):
-                _say(f"  speculative, {'made' if j in made else 'not made'}: {_step(*g)}")
             return out
         return trace_all
 

@@ -68,11 +68,9 @@ def real_traces():
                 failed[key(*r)] = tr
         return [memo.get(key(*r)) or failed[key(*r)] for r in requests], made[len(todo):]
 
-    def trace_all(requests, followups=None, policy=None, started=None, finish=None,
-                  speculative=(), kept=None):
+    def trace_all(requests, followups=None, policy=None, started=None, finish=None):
         """trace_all's contract: each follow-up made once its request is in, unless skipped;
-        generation forwards (`Forward`, kept by trace/derive/inference.py's own memo) as they
-        come; speculative requests not made (the contract makes them only on idle cores)."""
+        generation forwards (`Forward`, kept by trace/derive/inference.py's own memo) as they come."""
         followups = followups or [None] * len(requests)
         steps = [i for i, r in enumerate(requests) if not isinstance(r, Forward)]
         forwards = [i for i, r in enumerate(requests) if isinstance(r, Forward)]

@@ -139,7 +139,7 @@ def test_a_trace_a_worker_fails_to_make_ends_the_plan_with_its_error(capsys, job
     from trainplan.trace.derive import cache as cache_mod
     from trainplan.trace.derive import schedule as schedule_mod
 
-    def failing(requests, followups=None, policy=None, started=None, finish=None, **_guesses):
+    def failing(requests, followups=None, policy=None, started=None, finish=None):
         out = [TrainplanError("the model could not be traced on fake tensors: injected")
                for _ in requests]
         return (out, [None] * len(requests)) if followups and any(followups) else out

@@ -98,54 +98,30 @@ def test_a_flash_request_whose_held_twin_took_flash_is_traced_not_its_twin_again
     assert any("flash" in r.name for r in traces.exact(job, FLASH, 2).ops)
 
 
-def _rounds(monkeypatch) -> list:
-    """Each round's requested micro-batches and its speculative ones (schedule.py's calls)."""
-    from trainplan.trace.derive import schedule
-    rounds, real = [], schedule.trace_all
-
-    def recorded(requests, *a, **kw):
-        rounds.append(([r[2] for r in requests], [g[2] for g in kw.get("speculative", ())]))
-        return real(requests, *a, **kw)
-    monkeypatch.setattr(schedule, "trace_all", recorded)
-    return rounds
+def _made_in(_trace) -> int:
+    """trace_all's `finish` (pickled by name to the workers): the process the trace was made in."""
+    import os
+    return os.getpid()
 
 
-def _search(traces, job):
-    """A micro-batch search as a plan's task asks: both anchors, then micro-batch 1."""
-    from trainplan.trace.derive.rounds import every
-    every([lambda: traces.exact(job, EFFICIENT, 2), lambda: traces.exact(job, EFFICIENT, 32)])
-    return traces.exact(job, EFFICIENT, 1)
-
-
-def test_a_round_makes_micro_batch_1_on_a_core_its_anchors_leave_idle(monkeypatch):
-    """Issue 41: the next rung traced speculatively on idle cores. The anchors' round makes
-    micro-batch 1 on the core the first anchor to finish frees; the search's next round finds it
-    made, so there is none; the trace is the one that round would have made."""
+def test_one_trace_runs_on_the_warm_pool_once_there_is_one(monkeypatch):
+    """A round of one trace in this process would import torch here (a plan's main process does
+    not otherwise: about 4 s on 2 cores) and start with cold fake-tensor caches; once a pool is
+    started it runs there."""
+    import os
     monkeypatch.setenv("TRAINPLAN_JOBS", "2")
+    monkeypatch.setattr(parallel, "_POOLS", {})      # this test's own pool, forked with its env
+    monkeypatch.setattr(parallel, "_POOL_ENV", {})
     job = tiny_job(precision="bf16-amp")
-    rounds = _rounds(monkeypatch)
-    traces = Traces()
-    guessed = traces.in_rounds([lambda: _search(traces, job)])[0]
-    assert rounds == [([2, 32], [1])] and traces.traced == 3
-    monkeypatch.setenv("TRAINPLAN_JOBS", "1")          # one core: none is idle, nothing guessed
-    rounds.clear()
-    alone = Traces()
-    asked = alone.in_rounds([lambda: _search(alone, job)])[0]
-    assert rounds == [([2, 32], []), ([1], [])] and alone.traced == 3
-    assert _same_step(guessed, asked)
-
-
-def test_a_speculative_request_runs_on_an_idle_core_and_never_alone(monkeypatch):
-    from trainplan.trace.facts import Trace
-    job = tiny_job(precision="bf16-amp")
-    guess = (job, EFFICIENT, 1, None)
-    for jobs, made in (("2", [0]), ("1", [])):      # one core is never idle beside the round
-        monkeypatch.setenv("TRAINPLAN_JOBS", jobs)
-        kept = []
-        got = parallel.trace_all([(job, EFFICIENT, 2, None)], speculative=[guess],
-                                 kept=lambda j, tr: kept.append((j, isinstance(tr, Trace))))
-        assert len(got) == 1 and isinstance(got[0], Trace)
-        assert [j for j, ok in kept if ok] == made, jobs
+    try:
+        parallel.trace_all([(job, EFFICIENT, 2, None), (job, EFFICIENT, 32, None)])  # the pool
+        assert parallel.trace_all([(job, EFFICIENT, 1, None)], finish=_made_in)[0] != os.getpid()
+        monkeypatch.setenv("TRAINPLAN_HOME", os.environ["TRAINPLAN_HOME"] + "-later")
+        # a setting made after the fork would not reach the workers: here, as before
+        assert parallel.trace_all([(job, EFFICIENT, 1, None)], finish=_made_in)[0] == os.getpid()
+    finally:
+        for pool in parallel._POOLS.values():
+            pool.terminate()
 
 
 def test_prefetch_of_both_traces_one_per_batch_on_one_core_and_on_two(monkeypatch):

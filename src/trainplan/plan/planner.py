@@ -240,8 +240,7 @@ class Planner:
         """Trace at once, on all cores, what many platforms share: per traced variant and kernel
         semantics, what evaluating the per-device batch P reads (trace/derive/anchoring.py: the two
         anchors, and micro-batch 1 where P is 1), and a generating job's rollout forwards at P;
-        with `accumulate`, the steps with gradients accumulating; and, on cores left idle, what a
-        later round likely asks for (schedule.py `_guesses`)."""
+        with `accumulate`, the steps with gradients accumulating."""
         requests = []
         for jv, p in jobs_platforms:
             sem = semantics_for(jv, p.accelerator)
@@ -252,8 +251,7 @@ class Planner:
             for jv, p in jobs_platforms:
                 at_p = jv.with_(batch_size=self.per_device(p), grad_accum=1)
                 request_rollout(at_p, p.accelerator, devices_of(at_p, p.accelerator))
-        self.traces.prefetch(requests, [] if accumulate else self.traces.asked(rollouts),
-                             guess=True)
+        self.traces.prefetch(requests, [] if accumulate else self.traces.asked(rollouts))
 
     # --- the ladder -------------------------------------------------------------------------
     def ladder(self, jv, platform: Platform, cfg: Config, rungs=LADDER, need=None,

@@ -4,19 +4,16 @@ A trace is single-threaded Python (fake tensors run no kernels), so traces of in
 variants scale with cores. Workers are forked from the planning process, so they inherit its
 imported torch/transformers (no second start-up) and return each `Trace` pickled (about 0.2 MB,
 milliseconds). Where fork is unavailable, one core is available, or `TRAINPLAN_JOBS=1`, traces run
-one after another in this process; results are identical either way.
+one after another in this process; results are identical either way. Once a pool is started, a
+single trace runs on it too (where its workers were forked with this environment): they have
+imported torch and filled PyTorch's fake-tensor caches, which this process may not have (a
+plan's main process imports torch only to trace).
 
 `trace_all` can also be given follow-ups: a trace that may turn out to be the same step as
 another one (derive/schedule.py: flash and memory-efficient attention where no call can take
 flash). Each follow-up waits for its first trace and is made only if `policy` says so once that
 result is in; a core that would otherwise sit idle makes a follow-up whose answer is not known
 yet (as if there were no follow-ups), so the wall time is never longer than tracing both.
-
-And speculative requests: traces a later round is likely to ask for (derive/schedule.py: a
-line's micro-batch 1 beside its anchors), made only on a core that would otherwise sit idle
-while the round's own traces still run, never before or in place of one of them; what is not
-started by the time the round's own traces are done is not made. A round lasts at most one
-speculative trace longer than without them, and a later round that asks for one made has it.
 """
 from __future__ import annotations
 
@@ -96,6 +93,14 @@ def _child_init() -> None:
 
 
 _POOLS: dict[int, object] = {}
+_POOL_ENV: dict[int, dict] = {}    # the environment each pool's workers were forked with
+
+
+def _warm(n: int) -> bool:
+    """Whether a pool of n workers is started and its workers see this process's environment
+    (a test's monkeypatched settings, a home set after the fork, would not reach them: a single
+    trace then runs here, as it always did)."""
+    return n in _POOLS and _POOL_ENV.get(n) == dict(os.environ)
 
 
 def _pool(n: int):
@@ -103,6 +108,7 @@ def _pool(n: int):
     process pays lazy imports and fills PyTorch's fake-tensor dispatch cache)."""
     if n not in _POOLS:
         _POOLS[n] = multiprocessing.get_context("fork").Pool(n, initializer=_child_init)
+        _POOL_ENV[n] = dict(os.environ)
         atexit.register(_POOLS[n].terminate)
     return _POOLS[n]
 
@@ -122,8 +128,7 @@ RUN, SKIP, WAIT, IDLE = "run", "skip", "wait", "idle"
 
 def trace_all(requests: list[tuple], followups: list[tuple | None] | None = None,
               policy: Callable | None = None, started: Callable | None = None,
-              finish: Callable | None = None, speculative: list[tuple] = (),
-              kept: Callable | None = None) -> list:
+              finish: Callable | None = None) -> list:
     """Trace each (job, KernelSemantics, batch, depth: blocks kept or None, trace/stack.py), or
     each `Forward` or `OptimizerStep`; a failure comes back as its TrainplanError.
 
@@ -135,13 +140,13 @@ def trace_all(requests: list[tuple], followups: list[tuple | None] | None = None
     `started(kind, i)` is told as request ("r") or follow-up ("f") i starts. `finish(trace)`, a
     module-level function (workers receive it pickled by name), is applied to each step's trace
     where it is made, before it is sent back (derive/replays.py `prepare`: its allocator replay,
-    made on all cores). `speculative` requests (module docstring) are made only on the pool, on
-    cores the others leave idle; `kept(j, result)` is given each one made."""
+    made on all cores)."""
     followups = followups or [None] * len(requests)
     policy = policy or (lambda i, done, result: RUN)
     started = started or (lambda kind, i: None)
-    n = min(len(requests) + sum(f is not None for f in followups) + len(speculative),
-            workers_available())
+    n = min(len(requests) + sum(f is not None for f in followups), workers_available())
+    if n == 1 and _warm(workers_available()):
+        n = 2                     # one trace, on a warm worker: this process may lack torch
     if n < 2 or "fork" not in multiprocessing.get_all_start_methods():
         results, more = [], [None] * len(requests)
         for i, r in enumerate(requests):
@@ -153,14 +158,12 @@ def trace_all(requests: list[tuple], followups: list[tuple | None] | None = None
                 started("f", i)
                 more[i] = _result(_run(f, finish))
     else:
-        results, more = _scheduled(requests, followups, policy, started, finish,
-                                   list(speculative), kept)
+        results, more = _scheduled(requests, followups, policy, started, finish)
     return (results, more) if any(f is not None for f in followups) else results
 
 
-def _scheduled(requests, followups, policy, started, finish, speculative=(), kept=None):
-    """trace_all on the pool: requests first, follow-ups as `policy` lets them, speculative
-    requests on cores left idle while either still runs (see there)."""
+def _scheduled(requests, followups, policy, started, finish):
+    """trace_all on the pool: requests first, follow-ups as `policy` lets them (see there)."""
     pool, workers = _pool(workers_available()), workers_available()
     done_q: queue.SimpleQueue = queue.SimpleQueue()
     results: list = [None] * len(requests)
@@ -168,8 +171,7 @@ def _scheduled(requests, followups, policy, started, finish, speculative=(), kep
     finished = [False] * len(requests)
     open_f = {i for i, f in enumerate(followups) if f is not None}
     queued = list(range(len(requests)))
-    guesses = list(range(len(speculative)))
-    busy = own = 0                      # running: all, the round's own (not speculative)
+    busy = 0
 
     def submit(tag, request):
         started(*tag)
@@ -184,39 +186,28 @@ def _scheduled(requests, followups, policy, started, finish, speculative=(), kep
             elif verdict == RUN and busy < workers:
                 open_f.discard(i)
                 submit(("f", i), followups[i])
-                busy, own = busy + 1, own + 1
+                busy += 1
         while queued and busy < workers:
             i = queued.pop(0)
             submit(("r", i), requests[i])
-            busy, own = busy + 1, own + 1
+            busy += 1
         for i in sorted(open_f):        # a core would sit idle: make a follow-up not known yet
             if busy >= workers:
                 break
             if policy(i, finished[i], results[i]) == IDLE:
                 open_f.discard(i)
                 submit(("f", i), followups[i])
-                busy, own = busy + 1, own + 1
-        while guesses and own and busy < workers:
-            # a core the round's own traces leave idle (a follow-up still open waits for its
-            # request, and starts on the core that request frees)
-            j = guesses.pop(0)
-            submit(("s", j), speculative[j])
-            busy += 1
+                busy += 1
         if not busy:
             if open_f:                  # only follow-ups waiting on nothing: make them
                 for i in sorted(open_f):
                     submit(("f", i), followups[i])
-                    busy, own = busy + 1, own + 1
+                    busy += 1
                 open_f.clear()
             else:
                 break
         (kind, i), r = done_q.get()
         busy -= 1
-        if kind == "s":
-            if kept is not None and not isinstance(r, BaseException):
-                kept(i, _result(r))
-            continue
-        own -= 1
         if kind == "r":
             results[i], finished[i] = _result(r), True
             policy(i, True, results[i])      # told first: it may learn from the result

@@ -86,7 +86,6 @@ class TraceCache(Rounds):
         self.traced = 0                             # traces made by this cache
         self.loaded = 0                             # traces read from the disk store
         self._parts: dict[tuple, object] = {}      # optimizers' updates (`_part`)
-        self._guessed: dict[tuple, tuple] = {}      # made on an idle core, not asked yet
 
     def _key(self, job, sem: KernelSemantics, depth: int | None = None) -> tuple:
         """(the traced variant, the kernel semantics, blocks kept)."""
@@ -116,7 +115,7 @@ class TraceCache(Rounds):
         """The real trace of (job, sem) at `batch`, `depth` blocks kept (module docstring)."""
         key = self._key(job, sem, depth)
         at = key + (batch,)
-        if at in self._exact or self._asked_guess(at):
+        if at in self._exact:
             return self._exact[at]
         step = twin(job, sem)
         if step is not None:              # read off its twin's trace (twins.py)
@@ -156,24 +155,6 @@ class TraceCache(Rounds):
         self._store(key, batch, tr, "traced")
         self._learn(job, sem, tr)
         return self._exact[at]
-
-    def _guess(self, at: tuple, tj, sem: KernelSemantics, tr: Trace) -> None:
-        """A trace made speculatively (schedule.py `_guesses`), held apart until it is asked
-        for: a plan reads, within `made_only`, only what it asked to be made (its memory
-        curves), and a speculative trace is made or not as cores happen to be idle, so neither
-        that nor the disk store (a later run's `made_only`) may see it before it is asked."""
-        self._guessed[at] = (tj, sem, tr)
-
-    def _asked_guess(self, at: tuple) -> bool:
-        """Whether `at` was made speculatively and is now asked for outside `made_only`: then
-        kept as if traced now (cached, stored on disk, counted, learnt from)."""
-        if at not in self._guessed or not may_trace():
-            return False
-        tj, sem, tr = self._guessed.pop(at)
-        store.save(store.key(tj, sem, at[-1], at[-2]), tr)
-        self._store(at[:-1], at[-1], tr, "traced")
-        self._learn(tj, sem, tr)
-        return True
 
     def _swapped(self, job, sem: KernelSemantics, batch: int, depth: int | None,
                  ask: bool = True):
@@ -274,7 +255,6 @@ class TraceCache(Rounds):
         `made_only`, reads the traces an earlier run stored as the run that made them does)."""
         key = self._key(job, sem, depth)
         at = key + (batch,)
-        self._asked_guess(at)
         if at not in self._exact and at not in self._absent:
             self._load(key, job, sem, batch, depth)
             if at not in self._exact:    # not stored: not looked for again (what this process

@@ -1,9 +1,8 @@
 """Asking for traces in rounds: many tasks (a plan's platforms, rungs, curves) each ask for the
 traces they read; where one is not made yet the task stops (`Deferred`) and the trace is
 recorded, and once every task has run as far as it can, all the recorded traces are made at once
-on all cores (schedule.py `fill`), with what a later round is likely to ask for on cores the
-round leaves idle; the tasks then run again from their beginning, reading what is made (what they
-computed before is cached by the caller, so a round costs the new traces only).
+on all cores (schedule.py `fill`); the tasks then run again from their beginning, reading what is
+made (what they computed before is cached by the caller, so a round costs the new traces only).
 
 Generation forwards (inference.py) take part too: a forward not made yet is recorded with the
 round's traces (`defer_forward`). `made_only` reads only traces made already (a memory curve that
@@ -87,8 +86,7 @@ class Rounds:
 
     deferring: list[tuple] | None = None
 
-    def fill(self, requests: list[tuple], at_least: int = 1, forwards: list[tuple] = (),
-             guess: bool = False) -> None:
+    def fill(self, requests: list[tuple], at_least: int = 1, forwards: list[tuple] = ()) -> None:
         raise NotImplementedError
 
     @contextlib.contextmanager
@@ -124,6 +122,6 @@ class Rounds:
                 _FORWARDS.reset(token)
             if still and not requests and not forwards:
                 raise RuntimeError("a task deferred without naming a trace")
-            self.fill(requests, forwards=forwards, guess=True)
+            self.fill(requests, forwards=forwards)
             pending = still
         return [results[i] for i in range(len(tasks))]

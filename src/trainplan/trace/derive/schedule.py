@@ -8,11 +8,6 @@ same step otherwise: twins.py `attention_twin`); a core that would sit idle make
 Of requests that differ only in their optimizer's update (8-bit AdamW beside AdamW, an MPS
 platform's per-parameter loop beside CUDA's multi-tensor step), one is traced and the others
 read off it (`_alike`, cache.py `_swapped`), their updates made beside the traces.
-In a plan's rounds (`guess`), micro-batch 1 of each line whose smaller anchor the round traces
-is made speculatively on a core the round leaves idle (parallel.py): a micro-batch search asks
-for it next where the anchor does not fit (`_guesses`). A speculative trace is the trace the
-later round would make, held apart until asked for (cache.py `_guess`), so no answer depends on
-whether it was made.
 """
 from __future__ import annotations
 
@@ -21,9 +16,9 @@ from dataclasses import replace
 from ...optimizer import ADAMW, traced_as
 from .. import store
 from ..facts import Trace
-from ..parallel import IDLE, RUN, SKIP, WAIT, Forward, trace_all, workers_available
+from ..parallel import IDLE, RUN, SKIP, WAIT, Forward, trace_all
 from ..stack import HIGH
-from .anchoring import anchors, describe, describe_forward, describe_update, trace_job
+from .anchoring import describe, describe_forward, describe_update, trace_job
 from .cache import PENDING, TRACED_OPTIMIZERS, TraceCache, variant
 from .replays import prepare
 from .rounds import Deferred
@@ -37,13 +32,11 @@ class Scheduling(TraceCache):
     def _cuts(self, job, sem) -> bool:
         raise NotImplementedError
 
-    def prefetch(self, requests: list[tuple], forwards: list[tuple] = (),
-                 guess: bool = False) -> None:
+    def prefetch(self, requests: list[tuple], forwards: list[tuple] = ()) -> None:
         """Trace each (job, semantics, batch) not yet traced, in parallel where cores allow;
-        a cut model's cut trace; with the generation `forwards` (rounds.asked); with `guess`
-        (a plan's first round), what a later round likely asks for on idle cores (`fill`). A
-        failure is left for `exact` to raise when it is asked for. While deferring, the
-        requests are recorded instead."""
+        a cut model's cut trace; with the generation `forwards` (rounds.asked). A failure is
+        left for `exact` to raise when it is asked for. While deferring, the requests are
+        recorded instead."""
         todo = []
         for job, sem, batch in requests:
             job, sem = canonical(job, sem)
@@ -64,14 +57,12 @@ class Scheduling(TraceCache):
                 self.deferring.extend(missing)
                 raise Deferred
             return
-        self.fill(todo, at_least=2, forwards=forwards, guess=guess)
+        self.fill(todo, at_least=2, forwards=forwards)
 
-    def fill(self, requests: list[tuple], at_least: int = 1, forwards: list[tuple] = (),
-             guess: bool = False) -> None:
+    def fill(self, requests: list[tuple], at_least: int = 1, forwards: list[tuple] = ()) -> None:
         """Trace each (job, semantics, batch, depth) not yet traced, at once on all cores, when
         there are `at_least` of them, and each generation forward (key, `Forward`, keep) of
-        `rounds.defer_forward`; flash requests wait for their twins; with `guess`, what a later
-        round likely asks for on idle cores (module docstring)."""
+        `rounds.defer_forward`; flash requests wait for their twins (module docstring)."""
         todo, seen = [], set()
         for job, sem, batch, depth in requests:
             key = self._key(job, sem, depth) + (batch,)
@@ -90,7 +81,6 @@ class Scheduling(TraceCache):
         if not todo and not fwd:
             return
         first, then = self._pairs(todo)
-        guesses = self._guesses(first) if guess and workers_available() > 1 else []
         steps = len(first)
         requests = [r[1:] for r in first] + [request for request, _keep in fwd]
         followups = [then[i][1:] if i in then else None for i in range(steps)] + [None] * len(fwd)
@@ -113,17 +103,10 @@ class Scheduling(TraceCache):
                 self._progress(describe_forward(f.job, f.sem, f.batch, f.new_tokens, f.context)
                                if isinstance(f, Forward) else describe_update(f.job))
                 return
-            _key, tj, sem, batch, _d = (first[i] if kind == "r" else then[i] if kind == "f"
-                                        else guesses[i])
+            _key, tj, sem, batch, _d = first[i] if kind == "r" else then[i]
             self._progress(describe(tj, sem, batch))
 
-        def kept(j, tr):
-            if isinstance(tr, Trace):       # a failed guess is left for its own round to raise
-                key, tj, sem, _b, _d = guesses[j]
-                self._guess(key, tj, sem, tr)
-
-        out = trace_all(requests, followups, policy, started, finish=prepare,
-                        speculative=[g[1:] for g in guesses], kept=kept)
+        out = trace_all(requests, followups, policy, started, finish=prepare)
         results, more = out if then else (out, [None] * len(requests))
         for (_request, keep), tr in zip(fwd, results[steps:]):
             keep(tr)
@@ -138,22 +121,6 @@ class Scheduling(TraceCache):
         left = [r for r in swaps if self._swapped(*r[1:], ask=False) is None]
         if left:                          # not read off after all: traced
             self.fill([(tj, sem, batch, depth) for _k, tj, sem, batch, depth in left])
-
-    def _guesses(self, first: list[tuple]) -> list[tuple]:
-        """Micro-batch 1 of each line whose smaller anchor (anchoring.py `anchors`) is in
-        `first`, where it is neither held (in this cache or the disk store) nor failed: the
-        trace a micro-batch search asks for once the anchor does not fit, and the step of a
-        micro-batch-1 job's rung (anchoring.py `anchors_for`). Requests as `first`'s."""
-        out, seen = [], {r[0] for r in first}
-        for key, tj, sem, batch, depth in first:
-            one = key[:-1] + (1,)
-            if batch != anchors(tj)[0] or one in seen or one in self._failed or \
-                    one in self._guessed:
-                continue
-            seen.add(one)
-            if not self._held(tj, sem, 1, depth):
-                out.append((one, tj, sem, 1, depth))
-        return out
 
     def _alike(self, todo: list[tuple]) -> tuple[list[tuple], list[tuple]]:
         """(the requests to trace, those to read off one of them: cache.py `_swapped`): of
