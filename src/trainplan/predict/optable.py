@@ -179,7 +179,8 @@ def summarize(trace) -> OpTable:
                           "moe_dispatch_elements": int(trace.moe_dispatch_elements),
                           "batch_size": int(trace.batch_size),
                           "tokens_per_sample": trace.tokens_per_sample,
-                          "channels_last": bool(trace.semantics.channels_last)},
+                          "channels_last": bool(trace.semantics.channels_last),
+                          "cudnn_grouped_direct": bool(trace.semantics.cudnn_grouped_direct)},
                     seq=seq, seq_host=seq_host)
     trace.derived.op_table = table
     return table

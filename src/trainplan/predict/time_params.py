@@ -8,6 +8,8 @@ Fitted by scripts/calibrate_time.py (each a physical quantity with a range it ma
     tile_h_half  the tile height at which a narrow tile reaches half its efficiency (kernels.py)
     cuda_emax    CUDA-core (non-tensor) kernels' fraction of the FP32 peak
     dwconv_emax  depthwise convolutions' fraction of the FP32 peak (no tensor-core kernels)
+    gdirect_emax cuDNN 8.0-8.3's direct grouped-convolution kernels' fraction of the FP32 peak
+                 (channels-last, > 32 channels a group: KernelSemantics.cudnn_grouped_direct)
     attn_emax    fused attention's fraction of the dense peak on Ampere (timing.attention_emax)
     conv_rel     tensor-core convolutions against the matmul ceiling (cuDNN's implicit GEMM)
     gconv_half   channels per group at which a grouped convolution reaches half of conv_rel
@@ -35,7 +37,8 @@ from dataclasses import dataclass, field, fields
 from importlib import resources
 
 FITTED = ("host_scale", "tile_s", "tile_h_half", "cuda_emax", "dwconv_emax", "attn_emax",
-          "conv_rel", "gconv_half", "norm_bw_eff", "kernel_s", "nchw_passes", "conv_hopper")
+          "conv_rel", "gconv_half", "norm_bw_eff", "kernel_s", "nchw_passes", "conv_hopper",
+          "gdirect_emax")
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class TimeParams:
     kernel_s: float = 0.0
     nchw_passes: float = 0.0
     conv_hopper: float = 1.0
+    gdirect_emax: float | None = None       # None: cuda_emax
     attn_head_dim_half: float = 0.0
     attn_seq_half: float = 0.0
     cuda_launch_s: float = 0.0
@@ -78,6 +82,12 @@ class TimeParams:
     def norm_bandwidth(self) -> float:
         """Normalisation kernels' fraction of the bandwidth (`norm_bw_eff`, else `bw_eff`)."""
         return self.bw_eff if self.norm_bw_eff is None else self.norm_bw_eff
+
+    @property
+    def grouped_direct_emax(self) -> float:
+        """cuDNN's direct grouped-convolution kernels' fraction of the FP32 peak
+        (`gdirect_emax`, else `cuda_emax`)."""
+        return self.cuda_emax if self.gdirect_emax is None else self.gdirect_emax
 
     def ceiling(self, accel_id: str) -> float:
         """The measured best-shape matmul fraction of the peak on this accelerator, else the

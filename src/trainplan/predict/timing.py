@@ -17,7 +17,9 @@ from its shape and bytes (op_times), and the step runs them through the host/dev
 that dtype the CUDA-core FP32 rate (T4 fp32 = 8.1e12; P100 fp16 = its fp32 9.3e12, since PyTorch's
 half GEMMs and cuDNN's half convolutions accumulate in fp32 -- Accelerator.peak_flops; bf16 where
 unsupported runs at the fp32 rate -- the memory layer reports it as unsupported). Depthwise
-convolutions have no tensor-core kernels: fp32 CUDA-core rate, their own efficiency. The clock
+convolutions have no tensor-core kernels: fp32 CUDA-core rate, their own efficiency; so too the
+grouped convolutions that cuDNN 8.0-8.3 ran on direct kernels in channels-last (`gdirect_emax`,
+KernelSemantics.cudnn_grouped_direct: the old releases of a published table). The clock
 is `sustained_clock_fraction` (T4 0.566 under its 70 W cap, S38). fp32 jobs on Ampere+ run
 convolutions in TF32 (cuDNN's `allow_tf32` defaults to True), matmuls in fp32 (PyTorch >= 1.12;
 NGC containers set TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, which is `--precision tf32`).
@@ -45,6 +47,8 @@ from ..accelerators import kernel_facts
 from ..errors import TrainplanError
 from ..precision import Precision
 from ..strategy import DP
+from ..trace.semantics import CUDNN_GROUPED_DIRECT_ABOVE
+from ..trace.shapes import GEMM_INTS, NHWC
 from . import kernels
 from .comm import DEVICES_PER_NODE, exposed_comm
 from .host import step_queue
@@ -114,11 +118,11 @@ def matmul_ceiling(accel, p: TimeParams) -> float:
     Measured, not fitted, where a source has the device (efficiency.json `matmul_ceiling`, sources
     in docs/kernel_ceilings_research.md): S01's maximum achievable matmul FLOP/s (best shape;
     A100 SXM 86.9%, A100 PCIe 81.1%, H100 SXM 80.3%, H200 "the same"), else the best square
-    torch.mm of zzc0721/torch-performance-test-data @9d82827 (a lower bound: RTX 4090 and 3090
-    reach their fp32-accumulate spec, their boost clocks running above the spec clock; V100
-    0.76, L40S 0.74, RTX A6000 0.79, H100 PCIe 0.66, L4 0.58). Other devices: `tc_emax`, the
-    median measured ceiling. Tensor-core convolutions reach `conv_rel` of it (cuDNN's implicit
-    GEMM against cuBLAS, fitted).
+    torch.mm of zzc0721/torch-performance-test-data @9d82827 (a lower bound: RTX 3090 1.07 and
+    RTX 4090 1.02 of their fp32-accumulate spec, their boost clocks running above the spec
+    clock; V100 0.76, L40S 0.74, RTX A6000 0.79, H100 PCIe 0.66, L4 0.58). Other devices:
+    `tc_emax`, the median measured ceiling. Tensor-core convolutions reach `conv_rel` of it
+    (cuDNN's implicit GEMM against cuBLAS, fitted).
     """
     return p.ceiling(accel.id)
 
@@ -152,6 +156,7 @@ class _Static:
     peak: np.ndarray             # FLOP/s of each op's dtype and unit (tensor or CUDA cores)
     tensor: np.ndarray           # runs on tensor cores
     conv_groups: np.ndarray      # channels per group (>= 1) of tensor-core convolutions, else 0
+    direct: np.ndarray           # grouped convolutions on cuDNN's direct kernels (_grouped_direct)
     sms: int
     gemm_owner: np.ndarray
     gemm_grid: kernels.GemmGrid | None
@@ -187,9 +192,14 @@ def _static(table: OpTable, accel, precision: Precision) -> _Static:
     if fp32_attn.any():
         rate = max((accel.tf32_flops or 0.0) / 3.0, accel.fp32_flops or 0.0)
         pk = np.where(fp32_attn, rate * accel.sustained_clock_fraction, pk)
-    tc = (tensor[table.dtype, conv] & ~dw) | (fp32_attn & bool(accel.tf32_flops))
+    direct = _grouped_direct(table, k)
+    if direct.any():
+        # cuDNN 8.0-8.3's direct grouped kernels: CUDA cores at the fp32 rate, at their own
+        # efficiency (`gdirect_emax`), no tiles (KernelSemantics.cudnn_grouped_direct)
+        pk = np.where(direct, (accel.fp32_flops or 0.0) * accel.sustained_clock_fraction, pk)
+    tc = (tensor[table.dtype, conv] & ~dw & ~direct) | (fp32_attn & bool(accel.tf32_flops))
     groups = np.where(tc & (k == K_CONV), np.maximum(table.group_channels, 1), 0)
-    gemm = np.flatnonzero(((k == K_MATMUL) | (k == K_CONV)) & (table.flops > 0))
+    gemm = np.flatnonzero(((k == K_MATMUL) | (k == K_CONV)) & (table.flops > 0) & ~direct)
     shaped = np.array([i for i in gemm if table.shape[i]], dtype=np.int64)
     owner, dims = kernels.gemm_rows(table.shape, shaped)
     attn = np.flatnonzero(attn_mask)
@@ -197,7 +207,7 @@ def _static(table: OpTable, accel, precision: Precision) -> _Static:
     for i in np.flatnonzero(k == K_OPTIM):
         launches[i] = kernels.foreach_launches(table.shape[i], table.bytes[i] / 4.0)
     memo[key] = _Static(
-        k, pk, tc, groups.astype(float), sms, owner,
+        k, pk, tc, groups.astype(float), direct, sms, owner,
         kernels.gemm_grid(dims, sms) if sms and len(dims) else None, dims,
         np.array([i for i in gemm if not table.shape[i]], dtype=np.int64), attn,
         np.array([kernels.attention_quantisation(table.shape[i], sms, "backward" in
@@ -207,6 +217,19 @@ def _static(table: OpTable, accel, precision: Precision) -> _Static:
         np.array([kernels.attention_keys(table.shape[i]) for i in attn], dtype=float),
         launches)
     return memo[key]
+
+
+def _grouped_direct(table: OpTable, k: np.ndarray) -> np.ndarray:
+    """Per unique op, whether it is a grouped convolution that cuDNN 8.0-8.3 ran on its direct
+    kernels: the trace's semantics say so (KernelSemantics.cudnn_grouped_direct, set for tables
+    measured on those releases), the activations are channels-last, there is more than one
+    group and more than CUDNN_GROUPED_DIRECT_ABOVE channels a group (a depthwise one is
+    K_DWCONV)."""
+    if not table.meta.get("cudnn_grouped_direct"):
+        return np.zeros(len(table.flops), dtype=bool)
+    nhwc_grouped = np.array([len(s) >= GEMM_INTS and s[0] > 1 and s[4] == NHWC
+                             for s in table.shape], dtype=bool)
+    return (k == K_CONV) & nhwc_grouped & (table.group_channels > CUDNN_GROUPED_DIRECT_ABOVE)
 
 
 def op_times(table: OpTable, accel, precision: Precision, p: TimeParams
@@ -238,7 +261,8 @@ def op_times(table: OpTable, accel, precision: Precision, p: TimeParams
     conv_eff = np.where(gc > 0, p.conv_rel * gc / (gc + p.gconv_half)
                         * conv_generation(accel, p), 1.0)
     e_max = np.where(st.tensor, matmul_ceiling(accel, p) * conv_eff,
-                     np.where(k == K_DWCONV, p.dwconv_emax, p.cuda_emax))
+                     np.where(k == K_DWCONV, p.dwconv_emax,
+                              np.where(st.direct, p.grouped_direct_emax, p.cuda_emax)))
     rate = st.peak * e_max
     bw = accel.memory_bandwidth_bytes_per_s * p.bw_eff
     f = table.flops

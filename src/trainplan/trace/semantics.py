@@ -57,6 +57,7 @@ class KernelSemantics:
     efficient_gqa: bool = False
     mean_keeps_input: bool = False
     hf_loss_copies_logits: bool = False
+    cudnn_grouped_direct: bool = False
 
     def __post_init__(self):
         if self.autocast_dtype is not None and not isinstance(self.autocast_dtype, str):
@@ -68,8 +69,15 @@ class KernelSemantics:
         extra = (("loop",) if not self.optimizer_foreach else ()) + \
             ((f"fp8:{self.fp8}:{int(self.fp8_transpose)}",) if self.fp8 else ()) + \
             (("mean-keeps-input",) if self.mean_keeps_input else ()) + \
-            (("hf-loss-copies-logits",) if self.hf_loss_copies_logits else ())
+            (("hf-loss-copies-logits",) if self.hf_loss_copies_logits else ()) + \
+            (("cudnn-grouped-direct",) if self.cudnn_grouped_direct else ())
         return base + extra
+
+
+# cuDNN 8.0-8.3's channels-last grouped convolutions above this many channels a group ran its
+# direct kernels (KernelSemantics.cudnn_grouped_direct): RegNetZ-d32's 32 ran NHWC faster than
+# NCHW in timm's RTX 3090 tables, RegNetX-032's 48 2.6x slower
+CUDNN_GROUPED_DIRECT_ABOVE = 32
 
 
 # AMD archs whose AOTriton SDPA kernels PyTorch treats as experimental: flash and memory-efficient
