@@ -70,6 +70,11 @@ def test_record_is_valid_and_reads_back(measured):
     assert rec["command"].startswith("trainplan measure ") and "--accelerator t4" in rec["command"]
     assert rec["device"]["type"] == "cpu" and rec["accelerator"] == "t4"
     assert rec["accelerator_source"] == "flag"
+    # the CPU that issued the kernels, named in every record: the step's host time depends on it
+    import os
+    host = rec["device"]["host_cpu"]
+    assert host.endswith(f", {len(os.sched_getaffinity(0))} cores") and len(host) > len(" cores")
+    assert rec["device"]["name"].startswith(host.rsplit(", ", 1)[0])
     assert rec["versions"]["torch"] == torch.__version__
     back = job_from_record(rec)
     assert job_to_dict(back) == job_to_dict(job) == rec["job"]

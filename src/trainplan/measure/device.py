@@ -43,6 +43,9 @@ class DeviceInfo:
     total_memory_bytes: int | None
     compute_capability: str | None
     driver_version: str | None
+    # the CPU that issues the kernels, e.g. "AMD EPYC 7B13, 16 cores": the step's host time
+    # depends on it (predict/host.py, data/host_cpus.csv); a record without it cannot say
+    host_cpu: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,22 +75,31 @@ def describe_device(dev: torch.device) -> DeviceInfo:
         idx = dev.index if dev.index is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(idx)
         return DeviceInfo("cuda", idx, props.name, int(props.total_memory),
-                          f"{props.major}.{props.minor}", _nvml_driver())
-    return DeviceInfo("cpu", None, _cpu_name(), None, None, None)
+                          f"{props.major}.{props.minor}", _nvml_driver(), _host_cpu())
+    return DeviceInfo("cpu", None, f"{_cpu_model()} ({torch.get_num_threads()} threads used)",
+                      None, None, None, _host_cpu())
 
 
-def _cpu_name() -> str:
-    """'AMD EPYC 7B13 (2 threads used)' from /proc/cpuinfo where there is one."""
+def _cpu_model() -> str:
+    """'AMD EPYC 7B13' from /proc/cpuinfo where there is one, else what `platform` says."""
     name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"{name} ({torch.get_num_threads()} threads used)"
+    return name
+
+
+def _host_cpu() -> str:
+    """'AMD EPYC 7B13, 16 cores': the host CPU's model and the cores this process may use."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 0
+    return f"{_cpu_model()}, {cores} cores"
 
 
 def _tokens(name: str) -> list[str]:

@@ -31,6 +31,8 @@ def measure_text(rec: dict, path) -> None:
     d, m, job = rec["device"], rec["measured"], rec["job"]
     acc = rec.get("accelerator")
     where = f"{d['type']} {d['name']}" + (f" = {acc} ({rec['accelerator_source']})" if acc else "")
+    if d["type"] != "cpu" and d.get("host_cpu"):
+        where += f", host {d['host_cpu']}"
     if rec["source"] == "measure-generate":
         st = rec["settings"]
         c.print(f"[bold]{job['model']}[/bold] generating {st['completion_len']} tokens after "
