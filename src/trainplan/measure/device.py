@@ -29,6 +29,7 @@ import torch
 
 from ..accelerators import get_accelerator, load_accelerators
 from ..errors import TrainplanError
+from ..trace.parallel import usable_cores
 
 # words that name a vendor or a product line, not the model (the model token is what is left)
 _VENDOR_WORDS = {"nvidia", "tesla", "geforce", "rtx", "quadro", "google", "amd", "instinct", "radeon",
@@ -75,9 +76,10 @@ def describe_device(dev: torch.device) -> DeviceInfo:
         idx = dev.index if dev.index is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(idx)
         return DeviceInfo("cuda", idx, props.name, int(props.total_memory),
-                          f"{props.major}.{props.minor}", _nvml_driver(), _host_cpu())
-    return DeviceInfo("cpu", None, f"{_cpu_model()} ({torch.get_num_threads()} threads used)",
-                      None, None, None, _host_cpu())
+                          f"{props.major}.{props.minor}", _nvml_driver(), _host_cpu(_cpu_model()))
+    model = _cpu_model()
+    return DeviceInfo("cpu", None, f"{model} ({torch.get_num_threads()} threads used)",
+                      None, None, None, _host_cpu(model))
 
 
 def _cpu_model() -> str:
@@ -93,13 +95,9 @@ def _cpu_model() -> str:
     return name
 
 
-def _host_cpu() -> str:
+def _host_cpu(model: str) -> str:
     """'AMD EPYC 7B13, 16 cores': the host CPU's model and the cores this process may use."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 0
-    return f"{_cpu_model()}, {cores} cores"
+    return f"{model}, {usable_cores()} cores"
 
 
 def _tokens(name: str) -> list[str]:

@@ -180,9 +180,13 @@ def _static(table: OpTable, accel, precision: Precision) -> _Static:
     peak, tensor = _rates(accel, precision)
     conv = table.conv.astype(int)
     dw = k == K_DWCONV
+    direct = _grouped_direct(table, k)
     # depthwise convolutions have no tensor-core kernels: CUDA cores at the fp32 rate, at their
-    # own (low) efficiency -- direct convolution, per-channel reductions in the weight gradient
-    pk = np.where(dw, (accel.fp32_flops or 0.0) * accel.sustained_clock_fraction,
+    # own (low) efficiency -- direct convolution, per-channel reductions in the weight gradient;
+    # so too cuDNN 8.0-8.3's direct grouped kernels (`gdirect_emax`, no tiles:
+    # KernelSemantics.cudnn_grouped_direct)
+    cuda_conv = dw | direct
+    pk = np.where(cuda_conv, (accel.fp32_flops or 0.0) * accel.sustained_clock_fraction,
                   peak[table.dtype, conv])
     attn_mask = k == K_ATTN
     # fp32 fused attention (the memory-efficient kernel; flash has no fp32) ignores allow_tf32:
@@ -192,12 +196,7 @@ def _static(table: OpTable, accel, precision: Precision) -> _Static:
     if fp32_attn.any():
         rate = max((accel.tf32_flops or 0.0) / 3.0, accel.fp32_flops or 0.0)
         pk = np.where(fp32_attn, rate * accel.sustained_clock_fraction, pk)
-    direct = _grouped_direct(table, k)
-    if direct.any():
-        # cuDNN 8.0-8.3's direct grouped kernels: CUDA cores at the fp32 rate, at their own
-        # efficiency (`gdirect_emax`), no tiles (KernelSemantics.cudnn_grouped_direct)
-        pk = np.where(direct, (accel.fp32_flops or 0.0) * accel.sustained_clock_fraction, pk)
-    tc = (tensor[table.dtype, conv] & ~dw & ~direct) | (fp32_attn & bool(accel.tf32_flops))
+    tc = (tensor[table.dtype, conv] & ~cuda_conv) | (fp32_attn & bool(accel.tf32_flops))
     groups = np.where(tc & (k == K_CONV), np.maximum(table.group_channels, 1), 0)
     gemm = np.flatnonzero(((k == K_MATMUL) | (k == K_CONV)) & (table.flops > 0) & ~direct)
     shaped = np.array([i for i in gemm if table.shape[i]], dtype=np.int64)

@@ -51,6 +51,14 @@ class OptimizerStep(NamedTuple):
     depth: int | None = None
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def workers_available() -> int:
     env = os.environ.get("TRAINPLAN_JOBS")
     if env:
@@ -60,10 +68,7 @@ def workers_available() -> int:
             raise TrainplanError(f"TRAINPLAN_JOBS={env!r} is not a whole number.",
                                  fix="set TRAINPLAN_JOBS to the number of traces to run at once "
                                      "(1 for none in parallel)") from None
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
+    return usable_cores()
 
 
 def _run(request, finish: Callable | None = None, pack: bool = False) -> Trace | tuple:
