@@ -73,6 +73,29 @@ MATMUL_CEILING = {"a100-sxm4-40gb": 0.869, "a100-sxm4-80gb": 0.869,      # S01
                   "h100-pcie": 0.66, "l40s": 0.74, "rtx-a6000": 0.79,    # SQ
                   "v100-sxm2-16gb": 0.76, "v100-sxm2-32gb": 0.76, "l4": 0.58,   # SQ
                   "rtx-4090": 1.02, "rtx-3090": 1.07}                    # SQ
+# Measured FP32 matmul ceilings on CUDA cores (no TF32: torch.mm's default since 1.12), fraction
+# of the catalog's FP32 peak, not fitted: zzc0721/torch-performance-test-data database.md
+# @0785868 (best square torch.mm over n = 1024-10240, 30 timed runs, PyTorch 2.2-2.8), that
+# GPU's rows: V100 from the V100S (13.55 of 16.35 TFLOPS at its 1597 MHz), A100 SXM4 from the
+# A100 and A800 SXM4 80GB (19.18, 19.08 of 19.5), A100 PCIe from the "A100 40GB" row (18.11; its
+# form is not named, and it sits below the SXM4 rows as a 250 W card would), H100 SXM 52.11 (the
+# 403.74 row ran in TF32), H200 51.34, RTX 3090 24.79 (median of 3), RTX 4090 54.72 (median of
+# the four 24 GB cards), L40S 46.88, RTX A6000 23.92, B200 66.24, RTX 5090 68.37 (median of 2),
+# H20 31.95, RTX PRO 6000 Blackwell 77.13 (workstation and server). GeForce Ampere/Ada/Blackwell
+# count two FP32 datapaths an SM in their peak that a matmul does not fill (0.65-0.70). T4 as in
+# MATMUL_CEILING: its sustained clock is the catalog's. A fit used to take one CUDA-core fraction
+# for matmuls and convolutions alike (0.86, from DLE's V100 rows alone; 1.0 without them).
+FP32_CEILING = {"v100-sxm2-16gb": 0.829, "v100-sxm2-32gb": 0.829,
+                "a100-sxm4-40gb": 0.981, "a100-sxm4-80gb": 0.981,
+                "a100-pcie-40gb": 0.929, "a100-pcie-80gb": 0.929,
+                "h100-sxm": 0.778, "h200": 0.766, "rtx-3090": 0.696, "rtx-4090": 0.663,
+                "l40s": 0.512, "rtx-a6000": 0.618, "b200": 0.828, "rtx-5090": 0.652,
+                "h20": 0.726, "rtx-pro-6000-blackwell": 0.617}
+FP32_EMAX_UNMEASURED = float(np.median(list(FP32_CEILING.values())))
+FP32_CEILING_SOURCE = ("measured, not fitted: zzc0721/torch-performance-test-data database.md "
+                       "@0785868 (best square FP32 torch.mm, no TF32, a lower bound) over the "
+                       "catalog's FP32 peak; the median measured (fp32_emax) elsewhere; "
+                       "scripts/calibrate_time.py FP32_CEILING")
 # Fused attention by GPU generation (compute capability): FlashAttention-2 reaches 50-73% of the
 # A100 peak (Dao 2023, midpoint 0.615) and 35% of the H100's (Shah et al. 2024, FA3 paper)
 # Hopper: FlashAttention-2's forward+backward fraction of the H100's peak over the A100's, hd128,
@@ -530,7 +553,8 @@ def to_params(x: np.ndarray) -> TimeParams:
         lo, hi = BOUNDS[name]
         out[name] = float(np.exp(np.clip(v, np.log(lo), np.log(hi))))
     out.update(bw_eff=BW_EFF, tc_emax=TC_EMAX_UNMEASURED, attn_generation=ATTN_GENERATION,
-               matmul_ceiling=MATMUL_CEILING, attn_head_dim_half=ATTN_HEAD_DIM_HALF,
+               matmul_ceiling=MATMUL_CEILING, fp32_ceiling=FP32_CEILING,
+               fp32_emax=FP32_EMAX_UNMEASURED, attn_head_dim_half=ATTN_HEAD_DIM_HALF,
                attn_seq_half=ATTN_SEQ_HALF,
                cuda_launch_s=CUDA_LAUNCH_S, host_dispatch=HOST_DISPATCH)
     return TimeParams.of(out)
@@ -570,13 +594,38 @@ def fit_rows(rows: list[dict], tables: dict) -> list[dict]:
 
 def fit(rows: list[dict], tables: dict, iters: int = 1500, restarts: int = 2
         ) -> tuple[TimeParams, float]:
-    """Nelder-Mead on the rows from START: (the parameters (to_params), the objective there)."""
+    """Nelder-Mead on the rows from START: (the parameters (to_params), the objective there).
+
+    A parameter no training row depends on (the CUDA-core convolutions' `cuda_emax` in a fold
+    without DLE's fp32 V100 rows, the only rows that run them; `gdirect_emax` without timm's)
+    keeps its START value instead of wandering wherever the simplex's steps leave it: the rows
+    held out then get that prior, not noise (`identified`)."""
     x0 = np.log([START[k] for k in PARAMS])
-    f = lambda x: objective(x, rows, tables)
-    x = nelder_mead(f, x0, iters=iters)
+    free = identified(rows, tables, x0)
+
+    def full(z: np.ndarray) -> np.ndarray:
+        x = x0.copy()
+        x[free] = z
+        return x
+
+    f = lambda z: objective(full(z), rows, tables)
+    z = nelder_mead(f, x0[free], iters=iters)
     for _ in range(restarts):
-        x = nelder_mead(f, x, iters=iters // 2, step=0.3)      # restart from the optimum
-    return to_params(x), f(x)
+        z = nelder_mead(f, z, iters=iters // 2, step=0.3)      # restart from the optimum
+    return to_params(full(z)), f(z)
+
+
+def identified(rows: list[dict], tables: dict, x0: np.ndarray) -> np.ndarray:
+    """Indices of the parameters some row's prediction depends on: halving one at x0 (doubling
+    one at its lower bound) changes the objective."""
+    base = objective(x0, rows, tables)
+    out = []
+    for i, k in enumerate(PARAMS):
+        x = x0.copy()
+        x[i] += np.log(2.0) if np.isclose(np.exp(x0[i]), BOUNDS[k][0]) else -np.log(2.0)
+        if abs(objective(x, rows, tables) - base) > 1e-9:
+            out.append(i)
+    return np.array(out, dtype=np.int64)
 
 
 def prepare(refresh: bool = False) -> tuple[list[dict], dict]:
@@ -595,9 +644,10 @@ def main() -> None:
     n_src = {s: sum(r["source"] == s for r in train) for s in sorted({r["source"] for r in train})}
     EFF.write_text(json.dumps({"params": {k: getattr(params, k)
                                           for k in (*PARAMS, "bw_eff", "tc_emax",
-                                                    "attn_head_dim_half", "attn_seq_half",
-                                                    "cuda_launch_s")},
+                                                    "fp32_emax", "attn_head_dim_half",
+                                                    "attn_seq_half", "cuda_launch_s")},
                                "matmul_ceiling": MATMUL_CEILING,
+                               "fp32_ceiling": FP32_CEILING,
                                "attn_generation": ATTN_GENERATION,
                                "host_dispatch": HOST_DISPATCH, "provenance": {
         "command": "PYTHONPATH=src python scripts/calibrate_time.py",
@@ -615,6 +665,7 @@ def main() -> None:
                                  "torch.mm, a lower bound) for V100, L4, L40S, RTX A6000, "
                                  "H100 PCIe, RTX 3090/4090 (above 1: their boost clocks); "
                                  "docs/kernel_ceilings_research.md",
+        "fp32_ceiling_source": FP32_CEILING_SOURCE,
         "attn_generation_source": "measured ratio, not fitted: FlashAttention-2's forward+"
                                   "backward fraction of the peak on the H100 over the A100's, "
                                   "hd128 non-causal 2k-16k tokens, 0.525-0.540 (Dao 2023, "

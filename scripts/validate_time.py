@@ -24,6 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import calibrate_time as cal  # noqa: E402
+from trainplan.predict.time_params import of_file  # noqa: E402
 
 OUT = cal.ROOT / "validation" / "results" / "time_validation.md"
 CONSUMER = ("rtx-", "titan-")
@@ -152,9 +153,7 @@ def main() -> None:
     t0 = time.time()
     rows, tables = cal.prepare()
     eff = cal.json.loads(cal.EFF.read_text())
-    bundled = cal.TimeParams.of(dict(eff["params"], matmul_ceiling=eff.get("matmul_ceiling", {}),
-                                     attn_generation=eff.get("attn_generation", {}),
-                                     host_dispatch=eff["host_dispatch"]))
+    bundled = of_file(eff)
     insample = {i: p for i, r in enumerate(rows)
                 if (p := cal.predict(r, tables, bundled)) is not None}
     print(f"cross-validating ({a.iters} iterations a fold, {a.jobs} processes) ...", flush=True)
@@ -180,9 +179,12 @@ def main() -> None:
           "**How to read it.** Leave-one-source-out (LOSO): each source's rows are predicted by "
           "parameters refitted without that source -- what a user meets on a setup nobody tuned "
           "for. Leave-one-GPU-out (LOGO): the same by GPU. Measured constants (matmul ceilings, "
-          "STREAM bandwidth fraction, FlashAttention-2's head-dimension and sequence curves, "
-          "PyTorch's dispatch cost by path; "
-          f"{prov.get('matmul_ceiling_source', '')}) are not fitted and carry over.", "",
+          "FP32 matmul ceilings, STREAM bandwidth fraction, FlashAttention-2's head-dimension "
+          "and sequence curves, PyTorch's dispatch cost by path; "
+          f"{prov.get('matmul_ceiling_source', '')}; FP32: "
+          f"{prov.get('fp32_ceiling_source', '')}) are not fitted and carry over. A parameter "
+          "no training row of a fold depends on keeps its starting value there "
+          "(calibrate_time.py `identified`).", "",
           "## Headline", "",
           "| validation | rows | median abs err | p90 abs err | median signed err |",
           "|---|---|---|---|---|",

@@ -207,6 +207,32 @@ def test_old_cudnn_runs_wide_channels_last_groups_on_direct_kernels():
         assert seconds(gc, layout, old) == seconds(gc, layout, False)
 
 
+def test_fp32_matmuls_run_at_the_measured_cuda_core_ceiling_and_convolutions_at_cudnns():
+    # fp32 without TF32 (V100; torch.mm everywhere since 1.12): a matmul at the GPU's best
+    # measured FP32 torch.mm (efficiency.json fp32_ceiling), the median measured one where the
+    # GPU has none; a convolution at cuDNN's CUDA-core fraction (cuda_emax, fitted)
+    import dataclasses
+    from trainplan.precision import FP32
+    p = dataclasses.replace(bundled(), cuda_emax=0.9, fp32_emax=0.7,
+                            fp32_ceiling={"v100-sxm2-16gb": 0.8})
+    flops = 1e13
+
+    def rate(gpu, **kw):          # an op without a traced shape: FLOPs / rate + one wave's time
+        a = get_accelerator(gpu)
+        t = op_times(_table(flops, 1e6, dtype=0, **kw), a, FP32, p)[0][0]
+        return flops / (t - p.tile_s - p.kernel_s) / (a.fp32_flops * a.sustained_clock_fraction)
+
+    assert rate("v100-sxm2-16gb") == pytest.approx(0.8, rel=1e-9)
+    assert rate("titan-rtx") == pytest.approx(0.7, rel=1e-9)              # not measured
+    assert rate("v100-sxm2-16gb", name="convolution", group_channels=64) == pytest.approx(
+        0.9, rel=1e-9)
+    # the bundled table: measured for the GPUs the validation runs on, each below the peak
+    b = bundled()
+    for gpu in ("v100-sxm2-16gb", "a100-sxm4-80gb", "h100-sxm", "rtx-3090", "rtx-4090"):
+        assert 0.5 < b.fp32_ceiling[gpu] <= 1.0
+    assert b.fp32_matmul_ceiling("titan-rtx") == b.fp32_emax
+
+
 def test_optimizer_step_is_memory_bound_over_states():
     # AdamW on GPT-2 (124M): the foreach step streams params, grads, exp_avg, exp_avg_sq
     st = step("a100-sxm4-80gb")

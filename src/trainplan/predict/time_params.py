@@ -6,7 +6,8 @@ Fitted by scripts/calibrate_time.py (each a physical quantity with a range it ma
                  costs were measured on (predict/host.py)
     tile_s       a GEMM wave's fixed prologue/epilogue, seconds (predict/kernels.py)
     tile_h_half  the tile height at which a narrow tile reaches half its efficiency (kernels.py)
-    cuda_emax    CUDA-core (non-tensor) kernels' fraction of the FP32 peak
+    cuda_emax    cuDNN's CUDA-core convolutions' fraction of the FP32 peak, counted in direct
+                 convolution FLOPs (fp32 without TF32: V100, T4; Winograd does fewer)
     dwconv_emax  depthwise convolutions' fraction of the FP32 peak (no tensor-core kernels)
     gdirect_emax cuDNN 8.0-8.3's direct grouped-convolution kernels' fraction of the FP32 peak
                  (channels-last, > 32 channels a group: KernelSemantics.cudnn_grouped_direct)
@@ -20,7 +21,9 @@ Fitted by scripts/calibrate_time.py (each a physical quantity with a range it ma
 
 Measured, not fitted (their sources in efficiency.json `provenance`): `bw_eff` (STREAM's fraction
 of the spec bandwidth), `tc_emax` (the median measured matmul ceiling, for a device without its
-own), `matmul_ceiling` (per accelerator id), `attn_generation` (fused attention's fraction by
+own), `matmul_ceiling` (per accelerator id), `fp32_ceiling` and `fp32_emax` (the best measured
+FP32 CUDA-core matmul, fraction of the FP32 peak, per accelerator id; the median measured one
+for a device without its own), `attn_generation` (fused attention's fraction by
 compute capability against Ampere's), `attn_head_dim_half` and `attn_seq_half`
 (FlashAttention-2's published curves), `cuda_launch_s` and `host_dispatch` (PyTorch's dispatch
 cost per path, scripts/host_dispatch.py).
@@ -75,7 +78,9 @@ class TimeParams:
     attn_head_dim_half: float = 0.0
     attn_seq_half: float = 0.0
     cuda_launch_s: float = 0.0
+    fp32_emax: float | None = None          # None: cuda_emax
     matmul_ceiling: dict[str, float] = field(default_factory=dict)   # accelerator id -> fraction
+    fp32_ceiling: dict[str, float] = field(default_factory=dict)     # accelerator id -> fraction
     attn_generation: dict[str, float] = field(default_factory=dict)  # compute capability -> ratio
 
     @property
@@ -94,6 +99,13 @@ class TimeParams:
         median measured one (`tc_emax`)."""
         return float(self.matmul_ceiling.get(accel_id, self.tc_emax))
 
+    def fp32_matmul_ceiling(self, accel_id: str) -> float:
+        """The measured best FP32 matmul on CUDA cores (no TF32), fraction of the FP32 peak, on
+        this accelerator; else the median measured one (`fp32_emax`; `cuda_emax` where a fit
+        predates the measured table)."""
+        fallback = self.cuda_emax if self.fp32_emax is None else self.fp32_emax
+        return float(self.fp32_ceiling.get(accel_id, fallback))
+
     def fitted(self) -> dict[str, float]:
         """The fitted values by name (FITTED), as efficiency.json `params` writes them."""
         return {k: getattr(self, k) for k in FITTED}
@@ -101,8 +113,8 @@ class TimeParams:
     @classmethod
     def of(cls, values: dict) -> "TimeParams":
         """From efficiency.json's layout: `params` (fitted and measured scalars), with
-        `matmul_ceiling`, `attn_generation` and `host_dispatch` beside them; names the type does
-        not have are an error, not ignored."""
+        `matmul_ceiling`, `fp32_ceiling`, `attn_generation` and `host_dispatch` beside them;
+        names the type does not have are an error, not ignored."""
         known = {f.name for f in fields(cls)}
         extra = set(values) - known
         if extra:
@@ -111,6 +123,7 @@ class TimeParams:
         hd = kw["host_dispatch"]
         kw["host_dispatch"] = hd if isinstance(hd, HostDispatch) else HostDispatch(**hd)
         kw["matmul_ceiling"] = dict(kw.get("matmul_ceiling") or {})
+        kw["fp32_ceiling"] = dict(kw.get("fp32_ceiling") or {})
         kw["attn_generation"] = dict(kw.get("attn_generation") or {})
         return cls(**kw)
 
@@ -124,8 +137,13 @@ def efficiency_file() -> dict:
 @functools.cache
 def bundled() -> TimeParams:
     """The bundled fit (data/efficiency.json), loaded once."""
-    data = efficiency_file()
+    return of_file(efficiency_file())
+
+
+def of_file(data: dict) -> TimeParams:
+    """The parameters an efficiency.json (as read by json) holds."""
     return TimeParams.of(dict(data["params"], matmul_ceiling=data.get("matmul_ceiling", {}),
+                              fp32_ceiling=data.get("fp32_ceiling", {}),
                               attn_generation=data.get("attn_generation", {}),
                               host_dispatch=data["host_dispatch"]))
 

@@ -8,9 +8,9 @@ from its shape and bytes (op_times), and the step runs them through the host/dev
     t_memory = bytes x passes / (bandwidth x bw_eff)
     t_compute: a GEMM or convolution tiled over the SMs (predict/kernels.py: wave and tile
                quantisation, split-K, a wave's fixed prologue/epilogue, smaller tiles'
-               efficiency) at the device's measured matmul ceiling; fused attention by its work
-               items in waves at the kernel's ceiling for the head dimension; anything else at
-               the CUDA-core rate
+               efficiency) at the device's measured matmul ceiling (on CUDA cores: its
+               measured FP32 one); fused attention by its work items in waves at the kernel's
+               ceiling for the head dimension; anything else at the CUDA-core rate
     step     = queue(k micro-batches, then the optimizer) + exposed communication + data wait
 
 `peak` is the catalog's dense rate for the dtype the kernel computes in; without tensor cores for
@@ -238,7 +238,10 @@ def op_times(table: OpTable, accel, precision: Precision, p: TimeParams
         t_compute = GEMMs tiled over the SMs (kernels.gemm_seconds) at peak x ceiling; fused
                     attention's FLOPs at its ceiling for the head dimension and the keys a work
                     item walks, in whole waves of work items (kernels.attention_quantisation);
-                    other FLOPs at the CUDA-core rate
+                    other FLOPs at the CUDA-core rate: a matmul (and any other arithmetic)
+                    at the device's measured FP32 matmul ceiling (fp32_ceiling), a
+                    convolution at cuDNN's (`cuda_emax`, fitted: Winograd's 3x3 kernels do
+                    fewer multiplications than the direct FLOPs counted, so it is no matmul's)
         t_memory  = bytes x passes / (bandwidth x bw_eff)
         t_device  = max(t_compute, t_memory) + kernel_s x kernels launched
 
@@ -261,7 +264,9 @@ def op_times(table: OpTable, accel, precision: Precision, p: TimeParams
                         * conv_generation(accel, p), 1.0)
     e_max = np.where(st.tensor, matmul_ceiling(accel, p) * conv_eff,
                      np.where(k == K_DWCONV, p.dwconv_emax,
-                              np.where(st.direct, p.grouped_direct_emax, p.cuda_emax)))
+                              np.where(st.direct, p.grouped_direct_emax,
+                                       np.where(k == K_CONV, p.cuda_emax,
+                                                p.fp32_matmul_ceiling(accel.id)))))
     rate = st.peak * e_max
     bw = accel.memory_bandwidth_bytes_per_s * p.bw_eff
     f = table.flops
