@@ -254,6 +254,20 @@ def test_step_time_note_names_the_median_ceiling():
     assert "median measured ceiling" not in BUNDLED_ONLY.source("h100-sxm")["text"]
 
 
+def test_an_fp32_step_names_the_fp32_matmul_rate_it_rests_on():
+    # fp32 matmuls run on CUDA cores at the GPU's measured FP32 torch.mm (efficiency.json
+    # fp32_ceiling); a GPU without one at the median measured, and the note says which
+    assert "FP32" not in BUNDLED_ONLY.source("b200")["text"]
+    assert "b200's measured FP32 rate (83% of its peak)" in BUNDLED_ONLY.source(
+        "b200", fp32=True)["text"]
+    t4 = BUNDLED_ONLY.source("t4", fp32=True)["text"]
+    assert "no measured FP32 rate for t4, at the median measured one (77% of its peak)" in t4
+    from trainplan.predict import evaluate
+    fp32, amp = (evaluate(tiny_job(precision=p), get_accelerator("t4")).calibration["text"]
+                 for p in ("fp32", "fp16-amp"))
+    assert "no measured FP32 rate for t4" in fp32 and "FP32" not in amp
+
+
 def test_readme_accelerator_table_lists_every_catalog_row():
     """docs/accelerators.md's table (the README points there) is `trainplan catalog accelerators
     --format md` (dated there); every row of the catalog is in it, the new ones included."""

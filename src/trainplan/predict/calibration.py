@@ -44,9 +44,11 @@ class Calibration:
     params: TimeParams | None = None                  # None: the bundled fit
     factors: dict = field(default_factory=dict)       # accelerator id -> StepTimeFactor
 
-    def source(self, accel_id: str) -> dict:
+    def source(self, accel_id: str, fp32: bool = False) -> dict:
         """What a step time on `accel_id` rests on: {kind, time_model, measured, text, and the
-        measurement's factor, count and dates}, as every result carries it and reports show it."""
+        measurement's factor, count and dates}, as every result carries it and reports show it.
+        `fp32`: the job's matmuls compute in FP32 on CUDA cores, at the measured FP32 matmul
+        rate (efficiency.json `fp32_ceiling`), which the text then names."""
         f = self.factors.get(accel_id)
         model = EXPLICIT if self.params is not None else BUNDLED
         words = ("the bundled time-model fit (data/efficiency.json)" if model == BUNDLED
@@ -61,6 +63,12 @@ class Calibration:
         if not ceiling:
             words += (f"; with no measured matmul ceiling for {accel_id}, on its datasheet peaks "
                       f"at the median measured ceiling ({params.tc_emax:.0%})")
+        if fp32:
+            rate = params.fp32_matmul_ceiling(accel_id)
+            words += (f"; fp32 matmuls at {accel_id}'s measured FP32 rate ({rate:.0%} of its "
+                      "peak)" if accel_id in params.fp32_ceiling else
+                      f"; fp32 matmuls, with no measured FP32 rate for {accel_id}, at the median "
+                      f"measured one ({rate:.0%} of its peak)")
         if f is None:
             return {"kind": model, "time_model": model, "measured": False,
                     "matmul_ceiling_measured": ceiling,

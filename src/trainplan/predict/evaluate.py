@@ -155,7 +155,9 @@ def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
     elif mem.tight:
         findings.append(tight_finding(mem, accel))
     return Evaluation(job, accel, devices(job, accel), tr, interpolated, mem, time,
-                      tuple(findings), calibration.source(accel.id), phases, generation)
+                      tuple(findings),
+                      calibration.source(accel.id, fp32=job.precision.compute == "fp32"),
+                      phases, generation)
 
 
 def expandable_advice(ev: Evaluation, traces: Traces) -> Finding | None:
