@@ -262,11 +262,11 @@ def op_times(table: OpTable, accel, precision: Precision, p: TimeParams
     gc = st.conv_groups
     conv_eff = np.where(gc > 0, p.conv_rel * gc / (gc + p.gconv_half)
                         * conv_generation(accel, p), 1.0)
-    e_max = np.where(st.tensor, matmul_ceiling(accel, p) * conv_eff,
-                     np.where(k == K_DWCONV, p.dwconv_emax,
-                              np.where(st.direct, p.grouped_direct_emax,
-                                       np.where(k == K_CONV, p.cuda_emax,
-                                                p.fp32_matmul_ceiling(accel.id)))))
+    # the first that holds: tensor cores, then the CUDA-core kernels by class
+    e_max = np.select([st.tensor, k == K_DWCONV, st.direct, k == K_CONV],
+                      [matmul_ceiling(accel, p) * conv_eff, p.dwconv_emax,
+                       p.grouped_direct_emax, p.cuda_emax],
+                      default=p.fp32_matmul_ceiling(accel.id))
     rate = st.peak * e_max
     bw = accel.memory_bandwidth_bytes_per_s * p.bw_eff
     f = table.flops
