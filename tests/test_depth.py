@@ -395,3 +395,37 @@ def test_a_stored_cut_trace_keeps_its_whole_stack_peaks(monkeypatch):
     between = trace_between(made, other, 5)
     between.log.peaks_memo[BLOCKS] = "made here"
     assert "peaks_memo" not in pickle.loads(pickle.dumps(between.log)).__dict__
+
+
+@pytest.mark.parametrize("batch", [3, 7])
+def test_one_block_more_off_an_interpolated_trace_makes_none_of_its_records(batch):
+    """A cut trace read off two anchors (interpolate.py; 7 extrapolated beyond them) gets what
+    one block more adds from the anchors' last blocks (stitch.py `block_ops`), so a micro-batch
+    search reading the whole step's memory makes none of its op records; what it reads is what
+    the records give, and so are the records when they are read."""
+    from dataclasses import replace
+
+    from trainplan.predict.target import semantics_for
+    from trainplan.trace.derive.interpolate import trace_between
+    from trainplan.trace.derive.stitch import block_ops, extend, stitch
+    from trainplan.trace.lazy import Lazy
+    from trainplan.trace.stack import HIGH
+    job = LLAMA.with_(grad_checkpointing="selective")
+    sem = semantics_for(job, get_accelerator("a100-80gb"))
+    traces = Traces()
+    lo, hi = (traces._real(job, sem, b, HIGH) for b in (2, 4))
+    mid = trace_between(lo, hi, batch, extrapolate=batch > 4)
+    more = extend(mid)
+    whole = stitch(mid, more, tagged=mid)
+    assert whole.peak_allocated_bytes > mid.peak_allocated_bytes
+    assert type(mid.ops) is Lazy and type(more.ops) is Lazy and type(whole.ops) is Lazy
+    # the same trace without its anchors' line: extended from its records
+    plain = replace(mid)
+    assert plain.derived.line is None
+    by_records = extend(plain)
+    assert block_ops(mid) == block_ops(plain)
+    assert len(block_ops(mid).keys) > 0
+    for field in ("flops", "bytes_moved", "recompute_flops", "phase_peaks", "activation_bytes"):
+        assert getattr(more, field) == getattr(by_records, field), field
+    assert list(more.ops) == list(by_records.ops)
+    assert list(whole.ops) == list(stitch(plain, by_records, tagged=plain).ops)

@@ -94,7 +94,12 @@ class TraceDerived:
     repeats: bool | None = None
     # a trace read off a cut one by derive/stitch.py `extend`: what the block added
     extended: bool = False
-    one_more: tuple | None = None          # (the cut trace, its last block's ops, grown ops)
+    # (the cut trace, [its last block's ops, grown ops]: a list made where first read)
+    one_more: tuple | None = None
+    # a cut trace's last block's ops, their work (derive/stitch.py `block_ops`): made where the
+    # trace is made (replays.py `prepare`); an interpolated trace's from its anchors' (`line`)
+    block_ops: object | None = None
+    line: tuple | None = None              # interpolated: (lo, hi, f) (derive/interpolate.py)
     # this trace with one block more (`extend`), made once: (made?, the trace or None)
     more: tuple[bool, Trace | None] = (False, None)
     op_table: object | None = None         # predict/optable.py `summarize`

@@ -73,7 +73,7 @@ def peaks_read(tr: Trace, lo: Trace, hi: Trace) -> Peaks:
                  {**(lo.sources or {}), **(hi.sources or {})})
 
 
-def _line(x0: list[float], x1: list[float], f: float) -> np.ndarray:
+def line_values(x0: list[float], x1: list[float], f: float) -> np.ndarray:
     """x0 + f (x1 - x0), elementwise, never below 0 (a size or a count)."""
     a = np.asarray(x0, dtype=np.float64)
     return np.maximum(0.0, a + f * (np.asarray(x1, dtype=np.float64) - a))
@@ -102,8 +102,8 @@ def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False,
     def interpolated_ops() -> list:
         # every other field (name, dtype, module, recompute, convolution group size) is the
         # same in both traces (same_shape_family): each record is copied, its work changed
-        flops = _line([o.flops for o in lo.ops], [o.flops for o in hi.ops], f)
-        moved = _line([o.bytes for o in lo.ops], [o.bytes for o in hi.ops], f)
+        flops = line_values([o.flops for o in lo.ops], [o.flops for o in hi.ops], f)
+        moved = line_values([o.bytes for o in lo.ops], [o.bytes for o in hi.ops], f)
         ops, made = [], {}
         for a, b, fl, by in zip(lo.ops, hi.ops, flops.tolist(), moved.tolist()):
             r = made.get((id(a), id(b)))   # this call's copies, by the records they are made
@@ -121,7 +121,7 @@ def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False,
     def sizes() -> dict[int, int]:      # storage serial -> bytes at `batch`, made where read
         a0 = [e for e in lo.log.memory if type(e) is Alloc]
         a1 = [e.nbytes for e in hi.log.memory if type(e) is Alloc]
-        k = np.rint(_line([e.nbytes for e in a0], a1, f)).astype(np.int64).tolist()
+        k = np.rint(line_values([e.nbytes for e in a0], a1, f)).astype(np.int64).tolist()
         return {e.serial: kk for e, kk in zip(a0, k)}
 
     def events():
@@ -151,7 +151,7 @@ def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False,
                   timeline, repeat_plan=hi.log.repeat_plan, resized=(lo.log, sizes))
     if known is not None:
         tl.peaks_memo.update(known.stacks)
-    return replace(
+    out = replace(
         hi, batch_size=batch, ops=ops, log=tl, phase_peaks=phase_peaks,
         peak_phase=peak_phase, peak_allocated_bytes=phase_peaks[peak_phase][0],
         peak_breakdown_bytes=dict(phase_peaks[peak_phase][1]),
@@ -164,3 +164,7 @@ def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False,
         notes=list(hi.notes),
         last_block=None if lo.last_block is None or hi.last_block is None else
         {k: whole(lo.last_block[k], v) for k, v in hi.last_block.items()})
+    # its records are lo's with FLOPs and bytes on the line: what one block more adds is read
+    # off the anchors' last blocks (stitch.py `block_ops`) without making them
+    out.derived.line = (lo, hi, f)
+    return out

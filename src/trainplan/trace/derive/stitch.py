@@ -37,14 +37,17 @@ allocator replay's noise (5%).
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import replace
+from typing import NamedTuple
 
 from ..facts import ModuleRow, Trace
 from ..lazy import Lazy
 from ..log import CATEGORIES, TraceLog, replay_log
 from ..shapes import on_line
 from ..stack import HIGH, LOW
+from .interpolate import line_values
 from .peaks import whole_peaks
 from .repeat import repeats, whole_log
 
@@ -119,30 +122,33 @@ def stitch(lo: Trace, hi: Trace, tagged: Trace | None = None) -> Trace | None:
     f = float(L - lo.stack.traced)     # (L - lo) / (hi - lo), hi - lo = 1
     pattern = _index_pattern(path)
     made = hi.derived.one_more        # read off lo by `extend`: what it added, known
-    delta = made[1:] if made is not None and made[0] is lo else _block_delta(lo.ops, hi.ops)
+    delta = made[1] if made is not None and made[0] is lo else _block_delta(lo.ops, hi.ops)
     if delta is None or lo.phase_peaks.keys() != hi.phase_peaks.keys():
         return None
-    new, pairs = delta
 
     def line(x0, x1):
         return max(0.0, x0 + f * (x1 - x0))
 
-    grown = {id(b): a for a, b in pairs}     # this call's pairs: the record object is the key
-    ops = []
-    for r in hi.ops:                      # the grown ops on their line, the rest as traced
-        a = grown.get(id(r))
-        if a is not None:
-            r = r.copied(flops=line(a.flops, r.flops), bytes=line(a.bytes, r.bytes),
-                         shape=on_line(a.shape, r.shape, f))
-        ops.append(r)
-    # the same records, not copies: nothing changes a trace's records in place (who derives one
-    # copies it first: interpolate.py, twins.relabel), and an 80-block model repeats ~150 of
-    # them 76 times, which copying would make the costliest part of a warm plan; the op table
-    # puts them back in place by their identity (predict/optable.py `_in_order`)
-    ops.extend(new * (L - n))
+    def whole_ops() -> list:
+        new, pairs = delta
+        grown = {id(b): a for a, b in pairs}  # this call's pairs: the record object is the key
+        ops = []
+        for r in hi.ops:                  # the grown ops on their line, the rest as traced
+            a = grown.get(id(r))
+            if a is not None:
+                r = r.copied(flops=line(a.flops, r.flops), bytes=line(a.bytes, r.bytes),
+                             shape=on_line(a.shape, r.shape, f))
+            ops.append(r)
+        # the same records, not copies: nothing changes a trace's records in place (who derives
+        # one copies it first: interpolate.py, twins.relabel), and an 80-block model repeats
+        # ~150 of them 76 times, which copying would make the costliest part of a warm plan;
+        # the op table puts them back in place by their identity (optable.py `_in_order`)
+        ops.extend(new * (L - n))
+        return ops
+
     extended = hi.derived.extended
     out = replace(
-        hi, ops=ops, **_on_line(lo, hi, line),
+        hi, ops=Lazy(whole_ops), **_on_line(lo, hi, line),
         modules=Lazy(lambda: _modules(lo, hi, pattern, L, line)),   # made where read (inspect)
         checkpointed_blocks=_with_copies(hi.checkpointed_blocks, pattern, n - 1, L),
         lora_modules=_with_copies(hi.lora_modules, pattern, n - 1, L),
@@ -244,34 +250,43 @@ def extend(hi: Trace) -> Trace | None:
         return None
     phase_peaks, log = found
     peak_phase = max(phase_peaks, key=lambda ph: phase_peaks[ph][0])
-    ops, more, grown = [], [], []
     flops = {ph: dict(v) for ph, v in hi.flops.items()}
     moved = {ph: dict(v) for ph, v in hi.bytes_moved.items()}
     recompute = hi.recompute_flops
     work = {"forward": 0.0, "backward": 0.0}    # of the ops the module table attributes
-    for r in hi.ops:
-        share = r.last_block
-        if share and r.phase in flops:
-            flops[r.phase][r.family] += share * r.flops
-            moved[r.phase][r.family] += share * r.bytes
-            if r.recompute:
-                recompute += share * r.flops
-            if r.module and r.phase in work:
-                work[r.phase] += share * r.flops
-        if share >= 1.0:
-            more.append(r)
-        elif share > 0.0:
-            # a multi-tensor op's list grows by the last block's tensors (trace/shapes.py)
-            shape = (r.shape[0] + r.shape[2],) + r.shape[1:] if len(r.shape) == 3 else \
-                r.shape[:1] and (round(r.shape[0] * (1 + share)),) + r.shape[1:]
-            r0, r = r, r.copied(flops=r.flops * (1 + share), bytes=r.bytes * (1 + share),
-                                last_block=share / (1 + share), shape=shape)
-            grown.append((r0, r))
-        ops.append(r)
+    blk = block_ops(hi)
+    for (phase, family, share, rec, in_module), fl, by in zip(blk.keys, blk.flops, blk.bytes):
+        if phase in flops:
+            flops[phase][family] += share * fl
+            moved[phase][family] += share * by
+            if rec:
+                recompute += share * fl
+            if in_module and phase in work:
+                work[phase] += share * fl
+
+    @functools.cache
+    def made() -> tuple[list, list, list]:
+        """The ops with one block more, the block's ops and the multi-tensor ops it grew."""
+        ops, more, grown = [], [], []
+        for r in hi.ops:
+            share = r.last_block
+            if share >= 1.0:
+                more.append(r)
+            elif share > 0.0:
+                # a multi-tensor op's list grows by the last block's tensors (trace/shapes.py)
+                shape = (r.shape[0] + r.shape[2],) + r.shape[1:] if len(r.shape) == 3 else \
+                    r.shape[:1] and (round(r.shape[0] * (1 + share)),) + r.shape[1:]
+                r0, r = r, r.copied(flops=r.flops * (1 + share), bytes=r.bytes * (1 + share),
+                                    last_block=share / (1 + share), shape=shape)
+                grown.append((r0, r))
+            ops.append(r)
+        return ops + more, more, grown
+
     pattern = _index_pattern(hi.stack.path)
     add = hi.last_block
     out = replace(
-        hi, stack=replace(hi.stack, traced=HIGH + 1), ops=ops + more, phase_peaks=phase_peaks,
+        hi, stack=replace(hi.stack, traced=HIGH + 1), ops=Lazy(lambda: made()[0]),
+        phase_peaks=phase_peaks,
         peak_phase=peak_phase, peak_allocated_bytes=phase_peaks[peak_phase][0],
         peak_breakdown_bytes=dict(phase_peaks[peak_phase][1]), flops=flops, bytes_moved=moved,
         recompute_flops=recompute,
@@ -282,9 +297,44 @@ def extend(hi: Trace) -> Trace | None:
         **{k: type(getattr(hi, k))(getattr(hi, k) + v) for k, v in add.items()})
     out.derived.extended = True
     # what one block added, for `stitch`: the ops it runs, and the multi-tensor ops it grew
-    # (what _block_delta finds by comparing the two op lists, known here without comparing)
-    out.derived.one_more = (hi, more, grown)
+    # (what _block_delta finds by comparing the two op lists, known here without comparing);
+    # like the ops, made only where read: a micro-batch search reads the stitched trace's
+    # memory, not its ops
+    out.derived.one_more = (hi, Lazy(lambda: list(made()[1:])))
     return out
+
+
+class BlockOps(NamedTuple):
+    """The ops of a cut trace's last block (OpRecord.last_block > 0), in order: per op (phase,
+    family, share, recomputed?, in a module?) and its FLOPs and bytes. What `extend` adds to the
+    totals per block, without the trace's op records."""
+
+    keys: list
+    flops: list
+    bytes: list
+
+
+def block_ops(tr: Trace) -> BlockOps:
+    """`tr`'s BlockOps, made once and kept on it (TraceDerived.block_ops). A trace read off two
+    others on a line (derive/interpolate.py, `TraceDerived.line`) has its records copied from
+    the lower one's with FLOPs and bytes on the line: its block's are the anchors' on the same
+    line, elementwise as interpolate.py computes every record's (so the same numbers), read off
+    their BlockOps without making its records, where both anchors' blocks run the same ops."""
+    blk = tr.derived.block_ops
+    if blk is None:
+        between = tr.derived.line
+        if between is not None:
+            lo, hi, f = between
+            a, b = block_ops(lo), block_ops(hi)
+            if a.keys == b.keys:
+                blk = BlockOps(a.keys, line_values(a.flops, b.flops, f).tolist(),
+                               line_values(a.bytes, b.bytes, f).tolist())
+        if blk is None:
+            rows = [r for r in tr.ops if r.last_block]
+            blk = BlockOps([(r.phase, r.family, r.last_block, r.recompute, bool(r.module))
+                            for r in rows], [r.flops for r in rows], [r.bytes for r in rows])
+        tr.derived.block_ops = blk
+    return blk
 
 
 def _extendable(hi: Trace) -> bool:
@@ -296,10 +346,12 @@ def _extendable(hi: Trace) -> bool:
 
 def read_peaks(hi: Trace) -> None:
     """Read what `extend` reads of `hi`'s log, the peaks over one block more and over the whole
-    stack, onto the log (`TraceLog.peaks_memo`, pickled with it): done where a trace is made
-    (replays.py `prepare`), so a plan from stored traces reads no cut log again."""
+    stack, onto the log (`TraceLog.peaks_memo`, pickled with it), and its last block's ops
+    (`block_ops`, kept on the trace): done where a trace is made (replays.py `prepare`), so a
+    plan from stored traces reads no cut log again, nor its op records to extend it."""
     if _extendable(hi):
         whole_peaks(hi.log, HIGH + 1, also=(hi.stack.blocks,))
+        block_ops(hi)
 
 
 def one_more(tr: Trace) -> Trace | None:
