@@ -80,12 +80,15 @@ def trace(job, attention="efficient", autocast=None, batch=None):
     return trace_step(job, KernelSemantics(attention=attention, autocast_dtype=autocast), batch)
 
 
-def shallow(model_id: str, layers: int = 8) -> str:
+def shallow(model_id: str, layers: int | None = 8, vision: tuple[int, list[int]] | None = None) -> str:
     """`hf:` reference of a bundled model's own config.json with `layers` blocks instead of its
     own: the same blocks and head, fewer of them. Checks of a derivation in which the block
     count is a parameter (trace/derive/stitch.py reads L off the model) compare a cut trace with
-    a full one of a model this deep, at a fraction of a 16- or 24-block trace's cost. Written
-    once to one folder every pytest-xdist worker shares (a trace's store key holds its path)."""
+    a full one of a model this deep, at a fraction of a 16- or 24-block trace's cost. `vision`
+    (depth, full-attention block indexes): a Qwen2.5-VL vision tower this deep, with full
+    attention in these blocks and windows in the others (`layers` None: the text stack's own
+    depth). Written once to one folder every pytest-xdist worker shares (a trace's store key
+    holds its path)."""
     import hashlib
     import json
     import tempfile
@@ -95,14 +98,18 @@ def shallow(model_id: str, layers: int = 8) -> str:
     cfg = dict(load_config_dict(model_id)[0])
     keys = [k for k in DEPTH_KEYS if isinstance(cfg.get(k), int)]
     assert keys, f"{model_id}: no block count in its config"
-    for k in keys:
+    for k in keys if layers is not None else ():
         cfg[k] = layers
+    if vision is not None:
+        depth, full = vision
+        cfg["vision_config"] = {**cfg["vision_config"], "depth": depth,
+                                "fullatt_block_indexes": list(full)}
     text = json.dumps(cfg, indent=1, sort_keys=True)
     folder = Path(tempfile.gettempdir()) / f"trainplan-tests-{os.getuid()}" / "shallow"
     folder.mkdir(parents=True, exist_ok=True)
     # named by its content: test runs of two checkouts at once never rewrite each other's
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-    path = folder / f"{model_id.replace('/', '--')}-{layers}-blocks-{digest}.json"
+    path = folder / f"{model_id.replace('/', '--')}-{layers or 'own'}-blocks-{digest}.json"
     if not path.exists():                                   # whole or absent
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(text)

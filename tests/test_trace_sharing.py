@@ -14,7 +14,7 @@ from trainplan.trace.derive import attention_twin, same_step
 from trainplan.trace import parallel, store
 from trainplan.trace.semantics import KernelSemantics
 
-from conftest import tiny_job
+from conftest import shallow, tiny_job
 
 @pytest.fixture(autouse=True)
 def no_store(monkeypatch):
@@ -218,8 +218,9 @@ def test_a_round_asks_for_both_anchors_of_a_cut_model_at_once(monkeypatch):
     # nothing is cut: the traces asked cut are whole, and serve as the whole ones (2, not 4)
     ("google-t5/t5-small", [2, 4]),
     # a stack cut whose allocations do not repeat block by block (no bundled model's since
-    # BERT's do, repeat.py `_gradients_freed_late`: BERT's made so here; a 12-block stack is
-    # below EXACT_BLOCKS): traced whole after the cut traces, and the next variant whole at once
+    # BERT's do, repeat.py `_gradients_freed_late`: BERT's made so here, 6 of BERT-base's blocks
+    # (conftest.py `shallow`), below EXACT_BLOCKS): traced whole after the cut traces, and the
+    # next variant whole at once
     ("google-bert/bert-base-uncased", [4, 6]),
 ])
 def test_a_model_that_cannot_be_read_off_a_cut_trace_is_traced_whole_once(monkeypatch, model,
@@ -237,7 +238,8 @@ def test_a_model_that_cannot_be_read_off_a_cut_trace_is_traced_whole_once(monkey
     monkeypatch.setattr(traces_mod, "MIN_BLOCKS", 6)
     monkeypatch.setenv("TRAINPLAN_JOBS", "1")      # a pool forked earlier cuts from its own
     from trainplan.spec import Job, validate
-    job = validate(Job(model="hf:" + model, seq_len=32, precision="bf16-amp"))
+    ref = shallow(model, 6) if "bert" in model else "hf:" + model
+    job = validate(Job(model=ref, seq_len=32, precision="bf16-amp"))
     traces = Traces()
     whole = traces.in_rounds([lambda: traces.at(job, EFFICIENT, 5)])[0][0]
     assert traces.traced == made[0] and whole.stack is None

@@ -3,6 +3,9 @@ alike the tracer runs them as one call and records the loop's calls (trace/windo
 against the same step traced with the loop: every op the same (name, phase, rerun or not, FLOPs,
 bytes, dtype, kernel shape), the same bytes moved, the same allocations and memory peaks, host
 ops within 2%. The bundled chart-rvr plan is the same field for field (tests/test_golden.py).
+The model is chart-rvr's with a vision tower of 8 blocks, full attention in blocks 3 and 7 and
+windows in the others, as Qwen2.5-VL-3B's 32 repeat them (full in 7, 15, 23, 31): the same
+blocks, a quarter of them (tests/conftest.py `shallow`), and the text stack cut to 4 blocks.
 """
 from __future__ import annotations
 
@@ -16,7 +19,10 @@ from trainplan.predict.target import semantics_for
 from trainplan.trace import windows
 from trainplan.trace.tracer import trace_step
 
+from conftest import shallow
+
 EXAMPLE = "examples/chart-rvr-grpo.yaml"
+MODEL = shallow("Qwen/Qwen2.5-VL-3B-Instruct", None, vision=(8, [3, 7]))
 
 
 def _ops(tr) -> Counter:
@@ -51,7 +57,7 @@ def _traced(job, gpu: str, batch: int, loop: bool, monkeypatch):
     ("t4", 1, 200, False),                   # windows of unequal length: the loop
 ])
 def test_alike_windows_trace_as_the_loop(gpu, batch, image, batched, monkeypatch):
-    job = load_job(EXAMPLE).with_(image_size=image, seq_len=512)
+    job = load_job(EXAMPLE).with_(model=MODEL, image_size=image, seq_len=512)
     one, calls = _traced(job, gpu, batch, False, monkeypatch)
     assert (calls > 0) == batched
     if not batched:
