@@ -80,7 +80,8 @@ def trace(job, attention="efficient", autocast=None, batch=None):
     return trace_step(job, KernelSemantics(attention=attention, autocast_dtype=autocast), batch)
 
 
-def shallow(model_id: str, layers: int | None = 8, vision: tuple[int, list[int]] | None = None) -> str:
+def shallow(model_id: str, layers: int | None = 8,
+            vision: tuple[int, list[int]] | None = None) -> str:
     """`hf:` reference of a bundled model's own config.json with `layers` blocks instead of its
     own: the same blocks and head, fewer of them. Checks of a derivation in which the block
     count is a parameter (trace/derive/stitch.py reads L off the model) compare a cut trace with
