@@ -281,6 +281,39 @@ def test_memory_curves_take_no_trace_the_plan_did_not(algorithm, monkeypatch):
         assert p.micro_batch_size in [q.micro_batch_size for q in c.points]
 
 
+def test_a_curve_point_is_the_evaluations_memory_without_its_step_time(monkeypatch):
+    """plan/planner.py `memory`: a training job's curve point is the memory `evaluate` gives at
+    that micro-batch (and whether its trace is read off the anchors' line), made without
+    predicting the step time (predict/evaluate.py `step_memory`); a generating job's memory
+    rests on its rollout's phases, so it is evaluated whole."""
+    import importlib
+    from trainplan.plan.extras import _variant
+    evaluate_mod = importlib.import_module("trainplan.predict.evaluate")   # the package's
+    # `evaluate` attribute is the function
+    job = tiny_job(batch_size=4, steps=10)
+    platforms = select_platforms(["kaggle-t4x2", "local-rtx-3090"])
+    planner = Planner(job)
+    plan = make_plan(job, platforms, planner=planner)
+    timed, real = [], evaluate_mod.estimate_step_time
+    monkeypatch.setattr(evaluate_mod, "estimate_step_time",
+                        lambda *a, **k: timed.append(a[2].batch_size) or real(*a, **k))
+    curves = plan_extras(plan, platforms, planner).memory_curves
+    assert curves and timed == []
+    monkeypatch.undo()
+    by_id = {p.id: p for p in platforms}
+    for c in curves:
+        pp = next(x for x in plan.platforms if x.platform_id == c.platform_id)
+        jv = _variant(planner, by_id[c.platform_id], pp)
+        for q in c.points:
+            ev = evaluate_mod.evaluate(jv.with_(batch_size=q.micro_batch_size), by_id[
+                c.platform_id].accelerator, traces=planner.traces, strict=False)
+            assert (q.device_used_bytes, q.fits, q.interpolated) == (
+                ev.memory.device_used_bytes, ev.memory.fits, ev.interpolated)
+    grpo = tiny_job(batch_size=4, steps=10, algorithm="grpo", seq_len=None,
+                    rollout=Rollout(generations=2, prompt_len=24, completion_len=8))
+    assert evaluate_mod.step_memory(grpo, platforms[0].accelerator, planner.traces) is None
+
+
 def test_curve_batches():
     assert curve_batches(16, 16, False) == [1, 5, 10, 14, 16, 19, 23, 28, 32]   # to 2P
     assert curve_batches(16, 8, True)[-1] == 15                                 # to P - 1

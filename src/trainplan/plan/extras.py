@@ -130,13 +130,13 @@ def memory_curve(planner, platform, pp) -> MemoryCurve | None:
             batches = [b for b in batches if b in traced]
         for b in batches:
             try:
-                cfg = planner.evaluate(jv, platform, b, pp.grad_accum)
+                interpolated, mem = planner.memory(jv, platform, b, pp.grad_accum)
             except Deferred:         # would need a trace the plan did not take
                 continue
             except TrainplanError:
                 return None
-            pts.append(CurvePoint(b, int(cfg.memory.device_used_bytes), bool(cfg.memory.fits),
-                                  bool(cfg.interpolated)))
+            pts.append(CurvePoint(b, int(mem.device_used_bytes), bool(mem.fits),
+                                  bool(interpolated)))
     if len(pts) < 2:                 # one point is the plan's own row: no curve
         return None
     return MemoryCurve(pp.platform_id, pp.accelerator_id, pp.devices, pp.grad_accum,

@@ -31,6 +31,7 @@ from ..accelerators import get_accelerator
 from ..errors import TrainplanError
 from ..platforms import Platform, host_cpu
 from ..predict import BUNDLED_ONLY, Calibration, Evaluation, Traces, evaluate, largest_micro_batch
+from ..predict.evaluate import step_memory
 from ..predict import compat
 from ..trace.derive import anchors_for
 from ..predict.algorithms import request_rollout
@@ -40,7 +41,7 @@ from ..units import MiB, fmt_bytes, fmt_mib
 from . import cost as cost_mod
 from . import sessions as ses
 from . import storage as sto
-from ..predict.memory import FITS, NO_FIT, TIGHT
+from ..predict.memory import FITS, NO_FIT, TIGHT, MemoryEstimate
 from .fixes import LADDER, SPEED_LADDER, Skip, Step
 from .fixes import row as fixes_row
 from .result import Fix, Sessions, Storage
@@ -199,6 +200,20 @@ class Planner:
                 jb, platform.accelerator, self.calibration, self.traces,
                 cpu_cores=platform.cpu_cores, strict=False, host_speed=speed)
         return Config(ev, platform)
+
+    def memory(self, jv, platform: Platform, batch: int,
+               accum: int) -> tuple[bool, MemoryEstimate]:
+        """(interpolated?, memory) as `evaluate` gives them for the same arguments: read off an
+        evaluation already made, else without predicting the step time where the memory does
+        not rest on it (predict/evaluate.py `step_memory`; a memory curve's points)."""
+        jb = jv.with_(batch_size=batch, grad_accum=accum)
+        key = (repr(jb), platform.accelerator_id, platform.cpu_cores, host_cpu(platform.id).speed)
+        ev = self._evaluations.get(key)
+        made = None if ev is not None else step_memory(jb, platform.accelerator, self.traces)
+        if made is not None:
+            return made
+        ev = self.evaluate(jv, platform, batch, accum).evaluation
+        return ev.interpolated, ev.memory
 
     def largest(self, jv, platform: Platform, accumulate: bool, limit: int,
                 margin: bool = False) -> int | None:

@@ -120,6 +120,22 @@ def memory_at(job, accel: Accelerator, traces: Traces, sem, batch: int
     return tr, interpolated, mem
 
 
+def step_memory(job, accel: Accelerator, traces: Traces
+                ) -> tuple[bool, MemoryEstimate] | None:
+    """(interpolated?, memory) as `evaluate(job, accel, ..., traces=traces)` reports them,
+    without the step time it also predicts (most of its cost: the op table and the host queue
+    over every op), or None where the memory rests on that time: an algorithm with phases (a
+    rollout: what stays resident while it generates, predict/algorithms.py `step`). A training
+    step's memory is `memory_at`'s at the job's micro-batch, as in `evaluate`; the findings
+    change no byte."""
+    if job.algorithm != "sft":
+        return None
+    sem = semantics_for(job, accel)
+    traces.prefetch([(job, sem, b) for b in anchors_for(job, job.batch_size)])
+    _tr, interpolated, mem = memory_at(job, accel, traces, sem, job.batch_size)
+    return interpolated, mem
+
+
 def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
              traces: Traces | None = None, cpu_cores: int | None = None,
              strict: bool = True, host_speed: float = 1.0) -> Evaluation:
