@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import gc
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -100,6 +101,11 @@ class TraceCache(Rounds):
             self.traced += 1
         elif made == "loaded":
             self.loaded += 1
+        if made:
+            # kept until the plan ends: out of the cyclic collector's view, whose full
+            # collections would otherwise walk every record of every trace read so far (0.33 s
+            # of 0.56 s collecting in a warm Llama-3.1-70B plan over every platform; 0.12 s so)
+            gc.freeze()
 
     def _load(self, key: tuple, job, sem: KernelSemantics, batch: int, depth: int | None
               ) -> str | None:
