@@ -169,6 +169,12 @@ def preferred_micro_batch(largest: int, per_device: int) -> int:
     return largest
 
 
+def _evaluation_key(jb, platform: Platform) -> tuple:
+    """What decides an evaluation (`Planner.evaluate`): the job, the accelerator, the host's
+    cores and its CPU's speed (last)."""
+    return repr(jb), platform.accelerator_id, platform.cpu_cores, host_cpu(platform.id).speed
+
+
 class Planner:
     """Plans one job on platforms; traces are shared across platforms and fix-ladder rungs."""
 
@@ -192,13 +198,12 @@ class Planner:
         speed): platforms renting the same machine share it (a 70B plan over every platform
         asked 1,431 evaluations of 1,083 configurations)."""
         jb = jv.with_(batch_size=batch, grad_accum=accum)
-        speed = host_cpu(platform.id).speed
-        key = (repr(jb), platform.accelerator_id, platform.cpu_cores, speed)
+        key = _evaluation_key(jb, platform)
         ev = self._evaluations.get(key)
         if ev is None:
             ev = self._evaluations[key] = evaluate(
                 jb, platform.accelerator, self.calibration, self.traces,
-                cpu_cores=platform.cpu_cores, strict=False, host_speed=speed)
+                cpu_cores=platform.cpu_cores, strict=False, host_speed=key[-1])
         return Config(ev, platform)
 
     def memory(self, jv, platform: Platform, batch: int,
@@ -207,8 +212,7 @@ class Planner:
         evaluation already made, else without predicting the step time where the memory does
         not rest on it (predict/evaluate.py `step_memory`; a memory curve's points)."""
         jb = jv.with_(batch_size=batch, grad_accum=accum)
-        key = (repr(jb), platform.accelerator_id, platform.cpu_cores, host_cpu(platform.id).speed)
-        ev = self._evaluations.get(key)
+        ev = self._evaluations.get(_evaluation_key(jb, platform))
         made = None if ev is not None else step_memory(jb, platform.accelerator, self.traces)
         if made is not None:
             return made

@@ -130,10 +130,15 @@ def step_memory(job, accel: Accelerator, traces: Traces
     change no byte."""
     if job.algorithm != "sft":
         return None
-    sem = semantics_for(job, accel)
-    traces.prefetch([(job, sem, b) for b in anchors_for(job, job.batch_size)])
-    _tr, interpolated, mem = memory_at(job, accel, traces, sem, job.batch_size)
+    _tr, interpolated, mem = _at_batch(job, accel, traces, semantics_for(job, accel))
     return interpolated, mem
+
+
+def _at_batch(job, accel: Accelerator, traces: Traces, sem) -> tuple[Trace, bool, MemoryEstimate]:
+    """`memory_at` the job's micro-batch, with what it reads asked for first (in rounds, on all
+    cores: derive/rounds.py)."""
+    traces.prefetch([(job, sem, b) for b in anchors_for(job, job.batch_size)])
+    return memory_at(job, accel, traces, sem, job.batch_size)
 
 
 def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
@@ -147,8 +152,7 @@ def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
     findings = compat.check(job, accel, strict=strict)
     sem = semantics_for(job, accel)
     try:
-        traces.prefetch([(job, sem, b) for b in anchors_for(job, job.batch_size)])
-        tr, interpolated, mem = memory_at(job, accel, traces, sem, job.batch_size)
+        tr, interpolated, mem = _at_batch(job, accel, traces, sem)
     except Deferred:      # in rounds: the rollout's forwards are made in the same round
         algorithms.request_rollout(job, accel, devices(job, accel))
         raise
