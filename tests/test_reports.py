@@ -288,8 +288,8 @@ def test_a_curve_point_is_the_evaluations_memory_without_its_step_time(monkeypat
     rests on its rollout's phases, so it is evaluated whole."""
     import importlib
     from trainplan.plan.extras import _variant
-    evaluate_mod = importlib.import_module("trainplan.predict.evaluate")   # the package's
-    # `evaluate` attribute is the function
+    # the module: the package's `evaluate` attribute is the function
+    evaluate_mod = importlib.import_module("trainplan.predict.evaluate")
     job = tiny_job(batch_size=4, steps=10)
     platforms = select_platforms(["kaggle-t4x2", "local-rtx-3090"])
     planner = Planner(job)

@@ -213,10 +213,11 @@ class Planner:
         not rest on it (predict/evaluate.py `step_memory`; a memory curve's points)."""
         jb = jv.with_(batch_size=batch, grad_accum=accum)
         ev = self._evaluations.get(_evaluation_key(jb, platform))
-        made = None if ev is not None else step_memory(jb, platform.accelerator, self.traces)
-        if made is not None:
-            return made
-        ev = self.evaluate(jv, platform, batch, accum).evaluation
+        if ev is None:
+            made = step_memory(jb, platform.accelerator, self.traces)
+            if made is not None:
+                return made
+            ev = self.evaluate(jv, platform, batch, accum).evaluation
         return ev.interpolated, ev.memory
 
     def largest(self, jv, platform: Platform, accumulate: bool, limit: int,
