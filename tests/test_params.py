@@ -44,3 +44,44 @@ def test_trace_reports_the_same_count():
     from conftest import trace
     job = Job(model="hf:openai-community/gpt2", batch_size=1, seq_len=64)
     assert trace(job).params_total == 124_439_808   # GPT2LMHeadModel, tied lm_head
+
+
+def _layout(module):
+    """Each parameter's and buffer's name, shape, dtype and trainability, and which names share
+    one tensor (tied weights)."""
+    tensors = {}
+    for n, p in module.named_parameters(remove_duplicate=False):
+        tensors.setdefault(id(p), []).append(n)
+    return ([(n, tuple(p.shape), p.dtype, p.requires_grad, p.device.type)
+             for n, p in module.named_parameters(remove_duplicate=False)],
+            [(n, tuple(b.shape), b.dtype) for n, b in module.named_buffers()],
+            sorted(tensors.values()))
+
+
+@pytest.mark.parametrize("model", [
+    "hf:openai-community/gpt2", "hf:meta-llama/Llama-3.2-1B", "hf:google-t5/t5-small",
+    "hf:google-bert/bert-base-uncased", "timm:vit_small_patch16_224", "torchvision:resnet18"])
+def test_a_model_built_without_initialisers_is_the_model_built_with_them(model, monkeypatch):
+    """models/meta.py `on_meta` skips torch's initialisers on the meta device: the model is the
+    one built with them (parameters, buffers, dtypes, tied weights), and torch.nn.init's
+    functions are torch's own again after it, also where the build raises."""
+    import contextlib
+
+    from trainplan.models import custom, hf, reference_source, vision
+    from trainplan.models.meta import on_meta
+    job = Job(model=model, seq_len=16, lora=None)
+    skipped = build_model(job).module
+    with monkeypatch.context() as m:
+        for module in (hf, vision, reference_source, custom):
+            m.setattr(module, "on_meta", lambda: torch.device("meta"))
+        initialised = build_model(job).module
+    assert _layout(skipped) == _layout(initialised)
+    real = dict(vars(torch.nn.init))
+    with contextlib.suppress(RuntimeError), on_meta():
+        assert torch.nn.init.kaiming_uniform_ is not real["kaiming_uniform_"]
+        w = torch.empty(4, 4)
+        assert torch.nn.init.normal_(w) is w and w.is_meta
+        raise RuntimeError("a build that fails")
+    assert dict(vars(torch.nn.init)) == real
+    from torch.nn.modules import activation
+    assert activation.xavier_uniform_ is real["xavier_uniform_"]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..errors import TrainplanError
 from . import ModelBundle
+from .meta import on_meta
 
 # an input's dtype as the job writes it -> torch's name for it (torch is imported only to build:
 # a job is checked, and a plan answered from stored traces, without it)
@@ -225,7 +226,7 @@ def build_custom(job) -> ModelBundle:
     factory = _load_factory(job.model[3:], job.base_dir)
     specs = [dict(s, dtype=getattr(torch, s["dtype"])) for s in parse_input_spec(job.inputs)]
     try:
-        with torch.device("meta"):
+        with on_meta():
             module = factory(**(job.model_args or {}))
     except (TrainplanError, KeyboardInterrupt):
         raise

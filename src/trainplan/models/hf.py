@@ -16,6 +16,7 @@ import torch
 from ..errors import TrainplanError
 from . import ModelBundle, hf_import, hf_validate, loss_from_output
 from .hf_names import QWEN_VL_TYPES, default_seq_len, resolve_config
+from .meta import on_meta
 
 TASK_CLASSES = {
     "causal-lm": "AutoModelForCausalLM",
@@ -162,7 +163,7 @@ def build_hf(job, attention: str = "efficient") -> ModelBundle:
                      "5.2x releases), so its eager attention (s x s scores materialised) is "
                      "planned; on a release with the port, --attention efficient plans PyTorch's "
                      "memory-efficient kernel, which takes the bias and its gradient")
-    with torch.device("meta"):
+    with on_meta():
         try:
             model = _from_config(cls, config, attn)
         except (ValueError, ImportError) as e:

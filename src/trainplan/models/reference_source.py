@@ -5,6 +5,7 @@ import torch
 
 from ..errors import TrainplanError
 from . import ModelBundle
+from .meta import on_meta
 from .reference import ReferenceTransformer, TransformerDims
 
 
@@ -15,7 +16,7 @@ def build_reference(job) -> ModelBundle:
                              fix="add a `model:` block with hidden_size, num_layers, num_heads "
                                  "(see examples/graphmer-se.yaml)")
     seq = job.seq_len or 512
-    with torch.device("meta"):
+    with on_meta():
         module = ReferenceTransformer(d)
 
     def make_inputs(batch: int):

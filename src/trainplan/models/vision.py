@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from ..errors import TrainplanError, unknown
 from . import ModelBundle
+from .meta import on_meta
 
 
 def import_torchvision(required: bool = True):
@@ -54,7 +55,7 @@ def _build_timm(name: str, image_size: int | None):
     default = cfg.input_size[-1] if cfg is not None and cfg.input_size else 224
     size = image_size or default
     kwargs = {"img_size": image_size} if image_size and image_size != default else {}
-    with torch.device("meta"):
+    with on_meta():
         try:  # transformers-style models take img_size; CNNs adapt to any size
             model = timm.create_model(name, pretrained=False, **kwargs)
         except TypeError:
@@ -67,7 +68,7 @@ def _build_torchvision(name: str, image_size: int | None):
     names = tv.models.list_models()
     if name not in names:
         raise unknown("torchvision model", name, names)
-    with torch.device("meta"):
+    with on_meta():
         model = tv.models.get_model(name, weights=None)
     size = image_size or (299 if name.startswith("inception") else 224)
     return model, size, getattr(model, "num_classes", 1000)

@@ -41,7 +41,7 @@ from .prepare import _materialise, compute_dtype, count_parameters, prepare_mode
 from .emulation import TargetSemantics
 from .semantics import KernelSemantics
 from .stack import cut
-from .tracer import _Tracker, _untraceable
+from .tracer import _collect_and_freeze, _Tracker, _untraceable
 
 
 def kv_dims(config) -> tuple[int, int, int]:
@@ -113,7 +113,11 @@ def trace_forward(job, sem: KernelSemantics, batch: int, new_tokens: int,
         counter.no_grad_stack = True
     ts = TargetSemantics(sem, on_weight_cast=lambda t: counter.track(t, "weight_casts"))
     vocab = job.transformer.vocab_size if reference else model.config.get_text_config().vocab_size
-    gc.collect()
+    # as trace_step: no collection during the forward, and the one before it scans only what
+    # the last trace made, not torch's ~350,000 objects (a full gc.collect() here was a seventh
+    # of a chart-rvr decode step's trace: py-spy, 2 cores, 2026-12-02)
+    gc.disable()
+    _collect_and_freeze()
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), counter, torch.no_grad(), \
                 hf_values.as_on_gpu():
@@ -142,6 +146,8 @@ def trace_forward(job, sem: KernelSemantics, batch: int, new_tokens: int,
         raise
     except Exception as e:
         raise _untraceable(bundle.name, e) from None
+    finally:
+        gc.enable()
     total, _ = count_parameters(model)
     weight_bytes = stored_bytes(model)
     notes = list(bundle.notes)

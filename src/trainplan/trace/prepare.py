@@ -16,6 +16,7 @@ from ..errors import TrainplanError
 from ..models import ModelBundle
 from ..models.hf_releases import use_releases_before
 from ..models.lora import apply_lora
+from ..models.meta import on_meta
 from .counters import StepCounter
 from .semantics import KernelSemantics
 from .stack import Stack
@@ -81,7 +82,7 @@ def prepare_model(job, bundle: ModelBundle, semantics: KernelSemantics | None = 
     if job.lora is not None:
         compute = compute_dtype(job.precision)
         adapter = stored_dtype(job.precision)
-        with torch.device("meta"):
+        with on_meta():
             lora_names = apply_lora(model, job.lora.rank, job.lora.alpha, job.lora.targets,
                                     job.lora.dropout, job.quantize, compute, adapter,
                                     old_bnb4=bool(semantics and semantics.bnb4_keeps_input))
