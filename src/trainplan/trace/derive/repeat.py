@@ -232,6 +232,7 @@ def _emit(events, plan: Plan, blocks: int, src: list | None = None) -> list[Even
     recipes = _recipes(events, plan, slot)
     out: list[Event] = []
     append = out.append
+    new = tuple.__new__      # Event(s, n) without NamedTuple's __new__ frame: tens of thousands
     ALLOC, OWN, PREV = Recipe.ALLOC, Recipe.FREE_OWN, Recipe.FREE_PREV
     for i, (tag, start, n) in enumerate(plan.runs):
         if i in plan.template:
@@ -243,13 +244,14 @@ def _emit(events, plan: Plan, blocks: int, src: list | None = None) -> list[Even
                     src.extend((start + m, -1 if k == T else k) for m in range(n))
                 for kind, sl, nbytes, serial, other in recipes[i]:
                     if k == T:      # the traced block: its own serials; its next is copy HIGH
-                        append(Event(base + sl if kind is Recipe.FREE_NEXT else serial, nbytes))
+                        append(new(Event, (base + sl if kind is Recipe.FREE_NEXT else serial,
+                                           nbytes)))
                     elif kind is ALLOC or kind is OWN:
-                        append(Event(off + sl, nbytes))
+                        append(new(Event, (off + sl, nbytes)))
                     elif kind is PREV:
-                        append(Event(other if k - 1 == T else off - A + sl, nbytes))
+                        append(new(Event, (other if k - 1 == T else off - A + sl, nbytes)))
                     else:
-                        append(Event(serial if k == last else off + A + sl, nbytes))
+                        append(new(Event, (serial if k == last else off + A + sl, nbytes)))
             continue
         _emit_outside(events, plan, i, start, n, base, A, slot, blocks, out, src)
     return out
