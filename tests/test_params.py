@@ -66,6 +66,7 @@ def test_a_model_built_without_initialisers_is_the_model_built_with_them(model, 
     one built with them (parameters, buffers, dtypes, tied weights), and torch.nn.init's
     functions are torch's own again after it, also where the build raises."""
     import contextlib
+    import sys
 
     from trainplan.models import custom, hf, reference_source, vision
     from trainplan.models.meta import on_meta
@@ -77,10 +78,16 @@ def test_a_model_built_without_initialisers_is_the_model_built_with_them(model, 
         initialised = build_model(job).module
     assert _layout(skipped) == _layout(initialised)
     real = dict(vars(torch.nn.init))
+    inits = {id(f) for n, f in real.items() if n.endswith("_") and callable(f)}
+    others = {(m, k): v for m in sys.modules if m.startswith("torch.nn.modules.")
+              for k, v in vars(sys.modules[m]).items() if id(v) not in inits}
     with contextlib.suppress(RuntimeError), on_meta():
         assert torch.nn.init.kaiming_uniform_ is not real["kaiming_uniform_"]
+        assert all(vars(sys.modules[m])[k] is v for (m, k), v in others.items())  # None too
         w = torch.empty(4, 4)
         assert torch.nn.init.normal_(w) is w and w.is_meta
+        real_w = torch.empty(4, 4, device="cpu")   # what `measure` builds: initialised
+        assert torch.nn.init.ones_(real_w) is real_w and bool((real_w == 1).all())
         raise RuntimeError("a build that fails")
     assert dict(vars(torch.nn.init)) == real
     from torch.nn.modules import activation

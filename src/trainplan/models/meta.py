@@ -8,7 +8,9 @@ to fill values a meta tensor does not hold. Every trace builds its model: withou
 of Llama-3.1-70B takes 0.08 s where it took 0.19 s, Qwen2.5-VL-3B 0.12 s where 0.20 s (best of
 three, 2 cores, 2026-12-02). `on_meta()` builds under `torch.device("meta")` with
 torch.nn.init's in-place initialisers (the functions whose name ends in `_`) returning their
-tensor untouched, as transformers' `no_init_weights` does for loading. Nothing else changes:
+tensor untouched where it is a meta tensor, as transformers' `no_init_weights` does for
+loading (a tensor with values is initialised as before: `trainplan measure` builds the same
+models on a real device, measure/runner.py). Nothing else changes:
 shapes, dtypes, parameters, buffers and weight tying (transformers ties weights in `post_init`,
 which `no_init_weights` would skip, so it is not used) are the constructors' own.
 tests/test_params.py checks a model built this way against one built with its initialisers.
@@ -19,8 +21,11 @@ import contextlib
 import sys
 
 
-def _untouched(tensor, *args, **kwargs):
-    return tensor
+def _skipped(init):
+    """`init` for a tensor with values; a meta tensor returned untouched."""
+    def skip(tensor, *args, **kwargs):
+        return tensor if tensor.is_meta else init(tensor, *args, **kwargs)
+    return skip
 
 
 @contextlib.contextmanager
@@ -32,14 +37,15 @@ def on_meta():
     init = torch.nn.init
     originals = {id(f): f for n, f in vars(init).items()
                  if n.endswith("_") and not n.startswith("_") and callable(f)}
+    skips = {i: _skipped(f) for i, f in originals.items()}
     patched = []
     for name in [m for m in list(sys.modules) if m == "torch.nn.init" or
                  m.startswith("torch.nn.modules.")]:
         module = sys.modules[name]
         for attr, value in list(vars(module).items()):
-            if originals.get(id(value)) is value:
+            if id(value) in originals and originals[id(value)] is value:
                 patched.append((module, attr, value))
-                setattr(module, attr, _untouched)
+                setattr(module, attr, skips[id(value)])
     try:
         with torch.device("meta"):
             yield
