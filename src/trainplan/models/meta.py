@@ -35,15 +35,15 @@ def on_meta():
     (MultiheadAttention's `xavier_uniform_`)."""
     import torch
     init = torch.nn.init
-    originals = {id(f): f for n, f in vars(init).items()
-                 if n.endswith("_") and not n.startswith("_") and callable(f)}
-    skips = {i: _skipped(f) for i, f in originals.items()}
+    # by id: an initialiser held here cannot share its id with another live object
+    skips = {id(f): _skipped(f) for n, f in vars(init).items()
+             if n.endswith("_") and not n.startswith("_") and callable(f)}
     patched = []
     for name in [m for m in list(sys.modules) if m == "torch.nn.init" or
                  m.startswith("torch.nn.modules.")]:
         module = sys.modules[name]
         for attr, value in list(vars(module).items()):
-            if id(value) in originals and originals[id(value)] is value:
+            if id(value) in skips:
                 patched.append((module, attr, value))
                 setattr(module, attr, skips[id(value)])
     try:

@@ -25,7 +25,6 @@ compute (half) dtype then.
 """
 from __future__ import annotations
 
-import gc
 import time
 
 import torch
@@ -41,7 +40,7 @@ from .prepare import _materialise, compute_dtype, count_parameters, prepare_mode
 from .emulation import TargetSemantics
 from .semantics import KernelSemantics
 from .stack import cut
-from .tracer import _collect_and_freeze, _Tracker, _untraceable
+from .tracer import _Tracker, _untraceable, held_collections
 
 
 def kv_dims(config) -> tuple[int, int, int]:
@@ -113,41 +112,37 @@ def trace_forward(job, sem: KernelSemantics, batch: int, new_tokens: int,
         counter.no_grad_stack = True
     ts = TargetSemantics(sem, on_weight_cast=lambda t: counter.track(t, "weight_casts"))
     vocab = job.transformer.vocab_size if reference else model.config.get_text_config().vocab_size
-    # as trace_step: no collection during the forward, and the one before it scans only what
-    # the last trace made, not torch's ~350,000 objects (a full gc.collect() here was a seventh
-    # of a chart-rvr decode step's trace: py-spy, 2 cores, 2026-12-02)
-    gc.disable()
-    _collect_and_freeze()
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True), counter, torch.no_grad(), \
-                hf_values.as_on_gpu():
-            counter.count_ops, counter.phase = False, "setup"
-            _materialise(model, counter,
-                         block_tags.module_blocks(layers) if layers is not None else None)
-            cache = _make_cache(model, reference, dims if stack is None else
-                                (stack.traced,) + dims[1:], batch, context, kv_dtype, counter)
-            ids = torch.randint(0, vocab, (batch, new_tokens))
-            kwargs = {"input_ids": ids}
-            if not reference:
-                kwargs.update({_cache_kwarg(model): cache}, use_cache=True, logits_to_keep=1,
-                              position_ids=torch.arange(context, context + new_tokens)
-                              .expand(batch, -1))
-            counter.count_ops, counter.phase = True, "forward"
-            counter.default_category = "activations"
-            with tracker, ts:
-                ts.autocast_enabled = sem.autocast_dtype is not None
-                out = _run(model, reference, cache, context, kwargs)
-                ts.autocast_enabled = False
-                ts.clear_cast_cache()
-            del out
-            counter.closed = True
-            kv_bytes = _cache_bytes(cache)
-    except TrainplanError:
-        raise
-    except Exception as e:
-        raise _untraceable(bundle.name, e) from None
-    finally:
-        gc.enable()
+    # as trace_step (a full gc.collect() here, with the collector on during the forward, was a
+    # seventh of a chart-rvr decode step's trace: py-spy, 2 cores, 2026-12-02)
+    with held_collections():
+        try:
+            with FakeTensorMode(allow_non_fake_inputs=True), counter, torch.no_grad(), \
+                    hf_values.as_on_gpu():
+                counter.count_ops, counter.phase = False, "setup"
+                _materialise(model, counter,
+                             block_tags.module_blocks(layers) if layers is not None else None)
+                cache = _make_cache(model, reference, dims if stack is None else
+                                    (stack.traced,) + dims[1:], batch, context, kv_dtype, counter)
+                ids = torch.randint(0, vocab, (batch, new_tokens))
+                kwargs = {"input_ids": ids}
+                if not reference:
+                    kwargs.update({_cache_kwarg(model): cache}, use_cache=True, logits_to_keep=1,
+                                  position_ids=torch.arange(context, context + new_tokens)
+                                  .expand(batch, -1))
+                counter.count_ops, counter.phase = True, "forward"
+                counter.default_category = "activations"
+                with tracker, ts:
+                    ts.autocast_enabled = sem.autocast_dtype is not None
+                    out = _run(model, reference, cache, context, kwargs)
+                    ts.autocast_enabled = False
+                    ts.clear_cast_cache()
+                del out
+                counter.closed = True
+                kv_bytes = _cache_bytes(cache)
+        except TrainplanError:
+            raise
+        except Exception as e:
+            raise _untraceable(bundle.name, e) from None
     total, _ = count_parameters(model)
     weight_bytes = stored_bytes(model)
     notes = list(bundle.notes)

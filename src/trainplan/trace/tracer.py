@@ -89,6 +89,19 @@ def _collect_and_freeze() -> None:
     gc.freeze()
 
 
+@contextlib.contextmanager
+def held_collections():
+    """A trace's collector: off while it runs (cyclic garbage is collected at phase ends, so
+    peaks do not depend on GC timing), after `_collect_and_freeze` (so those collections scan
+    only the trace's objects)."""
+    gc.disable()
+    _collect_and_freeze()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 class _Setup(NamedTuple):
     """The model as the step runs it (`_set_up`)."""
 
@@ -127,16 +140,13 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
     t0 = time.perf_counter()
     batch = batch_size or job.batch_size
     setup = _set_up(job, semantics, routing, depth)
-    gc.disable()  # cyclic garbage is collected at phase ends, so peaks do not depend on GC timing
-    _collect_and_freeze()   # ...and those collections scan only the step's objects
-    try:
-        step = _run(job, semantics, batch, setup, extra_mode)
-    except TrainplanError:
-        raise
-    except Exception as e:  # an op the fake device cannot run
-        raise _untraceable(setup.bundle.name, e) from None
-    finally:
-        gc.enable()
+    with held_collections():
+        try:
+            step = _run(job, semantics, batch, setup, extra_mode)
+        except TrainplanError:
+            raise
+        except Exception as e:  # an op the fake device cannot run
+            raise _untraceable(setup.bundle.name, e) from None
     if setup.sem.bias_grad_calls:
         setup.bundle.notes.append(
             f"{setup.sem.bias_grad_calls} attention calls a step take a float bias that needs a "
@@ -234,32 +244,29 @@ def trace_optimizer(job, semantics: KernelSemantics, depth: int | None = None) -
     t0 = time.perf_counter()
     setup = _set_up(job, semantics, None, depth)
     counter, model = setup.counter, setup.bundle.module
-    gc.disable()
-    _collect_and_freeze()
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True), counter:
-            _materialise(model, counter, setup.in_blocks)
-            params = [p for p in model.parameters() if p.requires_grad]
-            opt = _warm_optimizer(job, params, counter, semantics.optimizer_foreach)
-            marks = [_mark(counter)]
-            for p in params:              # not read: the step's own backward makes them
-                p.grad = torch.zeros_like(p)
-                counter.retag(p.grad, "gradients")
-            counter.phase, counter.count_ops = "optimizer", True
-            marks.append(_mark(counter))
-            opt.step()
-            marks.append(_mark(counter))
-            opt.zero_grad(set_to_none=True)
-            states = counter.by_cat["optimizer_states"]
-            last = (counter.live_by_block("optimizer_states", counter.last_block)
-                    if setup.stack is not None else 0)
-            counter.closed = True
-    except TrainplanError:
-        raise
-    except Exception as e:
-        raise _untraceable(setup.bundle.name, e) from None
-    finally:
-        gc.enable()
+    with held_collections():
+        try:
+            with FakeTensorMode(allow_non_fake_inputs=True), counter:
+                _materialise(model, counter, setup.in_blocks)
+                params = [p for p in model.parameters() if p.requires_grad]
+                opt = _warm_optimizer(job, params, counter, semantics.optimizer_foreach)
+                marks = [_mark(counter)]
+                for p in params:              # not read: the step's own backward makes them
+                    p.grad = torch.zeros_like(p)
+                    counter.retag(p.grad, "gradients")
+                counter.phase, counter.count_ops = "optimizer", True
+                marks.append(_mark(counter))
+                opt.step()
+                marks.append(_mark(counter))
+                opt.zero_grad(set_to_none=True)
+                states = counter.by_cat["optimizer_states"]
+                last = (counter.live_by_block("optimizer_states", counter.last_block)
+                        if setup.stack is not None else 0)
+                counter.closed = True
+        except TrainplanError:
+            raise
+        except Exception as e:
+            raise _untraceable(setup.bundle.name, e) from None
     log = TraceLog(counter.memory_log, counter.events,
                    event_blocks(counter) if counter.tag_blocks else None, marks)
     return OptimizerPart(log, list(counter.records), states, last,
