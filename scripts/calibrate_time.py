@@ -54,11 +54,10 @@ BOUNDS = {"host_scale": (0.3, 30.0), "tile_s": (1e-8, 2e-5), "tile_h_half": (0.5
           "cuda_emax": (0.2, 1.0), "attn_emax": (0.1, 0.95),
           "conv_rel": (0.3, 1.0), "gconv_half": (0.1, 256.0), "norm_bw_eff": (0.1, 0.95),
           "kernel_s": (2e-7, 8e-6), "nchw_passes": (0.01, 8.0), "dwconv_emax": (0.005, 1.0),
-          "conv_hopper": (0.3, 1.0), "gdirect_emax": (0.005, 1.0), "overlap_cost": (0.01, 1.0)}
+          "conv_hopper": (0.3, 1.0), "gdirect_emax": (0.005, 1.0)}
 START = {"host_scale": 3.0, "tile_s": 1e-6, "tile_h_half": 16.0, "cuda_emax": 0.8,
          "dwconv_emax": 0.2, "attn_emax": 0.5, "conv_rel": 0.8, "gconv_half": 4.0, "norm_bw_eff": 0.5,
-         "kernel_s": 2e-6, "nchw_passes": 1.0, "conv_hopper": 0.8, "gdirect_emax": 0.2,
-         "overlap_cost": 0.2}
+         "kernel_s": 2e-6, "nchw_passes": 1.0, "conv_hopper": 0.8, "gdirect_emax": 0.2}
 # Fused attention's ceiling (attn_emax) is fitted, mostly on llm-foundry's rows (its triton flash
 # kernel) and our own measured runs (PyTorch's flash and memory-efficient SDPA). For reference,
 # FlashAttention-2 reports 50-73% of the A100 peak (Dao 2023, arXiv:2307.08691).

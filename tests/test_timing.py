@@ -14,8 +14,7 @@ import torch
 from trainplan.accelerators import get_accelerator
 from trainplan.precision import FP16_AMP
 from trainplan.spec import Job, validate
-from trainplan.predict.comm import (DDP_BUCKET_BYTES, NODE_NIC_BYTES_PER_S, collective_s,
-                                    exposed_comm, link_fraction)
+from trainplan.predict.comm import NODE_NIC_BYTES_PER_S, collective_s, link_fraction
 from trainplan.predict.optable import OpTable
 from trainplan.predict.time_params import bundled
 from trainplan.predict.timing import estimate_step_time, op_times, summarize
@@ -266,37 +265,6 @@ def test_strategies_order():
         return step("t4", gpus=2, strategy=strategy, grad_accum=accum).breakdown_s["communication"]
     assert comm("fsdp", 4) >= 3.9 * comm("fsdp", 1) > 0
     assert comm("ddp", 4) == pytest.approx(comm("ddp", 1))
-
-
-@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "fsdp", "dp"])
-def test_a_hidden_collective_costs_overlap_cost_of_its_time(strategy):
-    """What a strategy hides under compute costs `overlap_cost` x its time (predict/comm.py): at
-    0 hiding is free, at 1 it buys nothing (the step pays every collective, as with no compute
-    window to hide in), and between them the cost grows in proportion."""
-    a = get_accelerator("h100-sxm")
-    for n, accum in ((8, 1), (8, 4), (32, 2)):
-        j = job("bf16-amp", 1, gpus=n, strategy=strategy, grad_accum=accum)
-        meta = summarize(trace("bf16-amp", 1, 1024)).meta
-
-        def comm(window, cost):
-            return exposed_comm(j, a, meta, n, window, window, cost)[0]
-
-        nothing_hidden = comm(0.0, 0.0)
-        assert comm(0.0, 0.7) == pytest.approx(nothing_hidden)
-        for window in (1e-4, 1e-2, 10.0):
-            free, full = comm(window, 0.0), comm(window, 1.0)
-            assert full == pytest.approx(nothing_hidden)
-            assert comm(window, 0.25) == pytest.approx(free + 0.25 * (full - free))
-            if strategy == "dp":
-                assert free == pytest.approx(nothing_hidden)
-    # DDP with a long backward hides every bucket but the last
-    j = job("bf16-amp", 1, gpus=8, strategy="ddp")
-    meta = summarize(trace("bf16-amp", 1, 1024)).meta
-    grads = meta["gradient_bytes"]
-    last = collective_s("all_reduce", min(grads, DDP_BUCKET_BYTES), 8, a)
-    total = collective_s("all_reduce", grads, 8, a)
-    assert exposed_comm(j, a, meta, 8, 10.0, 10.0, 0.5)[0] == pytest.approx(
-        last + 0.5 * (total - last))
 
 
 def test_tpu_units_are_eight_devices():

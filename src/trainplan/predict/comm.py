@@ -5,17 +5,6 @@ Collectives (ring algorithm, S02): an all-reduce moves 2(n-1)/n x payload per de
 reduce-scatter or an all-gather (n-1)/n x payload, at `interconnect_bytes_per_s` x an achievable
 fraction (~0.8 of the unidirectional spec on NVLink, S02: A100 234.9 GB/s of 300; lower on PCIe,
 S39); across nodes the node's NIC bandwidth. What each strategy can hide is in `exposed_comm`.
-
-A hidden collective is not free. NCCL's kernels run on the same GPU as the step's compute: each
-channel is one thread block resident on an SM for the whole collective (an all-gather on an
-H100: 24 blocks of 132 SMs), and the collective's copies share HBM with the compute kernels. A
-GEMM sized to fill the SMs in one wave then runs in two (NVIDIA developer forum, 2025: a
-132-block GEMM beside an FSDP-style all-gather on an H100 went from ~80% to ~47% MFU). Over GPT
-and Llama training steps on 4 A100s, H100s, MI250s and MI210s the compute that overlaps a
-collective runs 18.9% slower on average, 40% at most (Lee et al. 2025, arXiv:2507.03114).
-`overlap_cost` (fitted, predict/time_params.py) is that loss as one number: seconds of compute
-lost per second a collective runs under compute, so a step with h seconds of hidden collectives
-takes overlap_cost x h longer than its compute alone (0: hiding is free; 1: it buys nothing).
 """
 from __future__ import annotations
 
@@ -56,11 +45,8 @@ def collective_s(kind: str, payload_bytes: float, n: int, accel) -> float:
     return factor * payload_bytes / (bw * link_fraction(accel))
 
 
-def exposed_comm(job, accel, meta, n, t_fwd, t_bwd,
-                 overlap_cost: float = 0.0) -> tuple[float, float, list]:
-    """(communication s, extra host overhead s, notes) for one optimizer step on n devices: the
-    collectives' exposed time plus `overlap_cost` x the time they run hidden under compute
-    (module docstring).
+def exposed_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float, list]:
+    """(exposed communication s, extra host overhead s, notes) for one optimizer step on n devices.
 
     `t_fwd`, `t_bwd`: device time of one micro-batch's forward and backward, the windows a
     strategy can hide its collectives in.
@@ -83,8 +69,8 @@ def exposed_comm(job, accel, meta, n, t_fwd, t_bwd,
     if a2a:
         notes.append(f"expert parallelism over {job.expert_parallel} GPUs: 4 all-to-alls of the "
                      "routed tokens per MoE layer and micro-batch, not overlapped")
-    exposed, hidden, more = _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd)
-    return exposed + overlap_cost * hidden + a2a * max(1, int(job.grad_accum)), 0.0, notes + more
+    exposed, host, more = _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd)
+    return exposed + a2a * max(1, int(job.grad_accum)), host, notes + more
 
 
 def _all_to_all_s(job, accel, meta) -> float:
@@ -100,8 +86,7 @@ def _all_to_all_s(job, accel, meta) -> float:
 
 
 def _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float, list]:
-    """(exposed s, hidden s, notes): the data-parallel strategy's collectives, what of them the
-    step waits for and what runs under its compute (see `exposed_comm`)."""
+    """The data-parallel strategy's collectives (see `_comm`)."""
     strat, notes = job.strategy, []
     k = max(1, int(job.grad_accum))
     grads = meta["gradient_bytes"]
@@ -116,16 +101,15 @@ def _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float
     if strat is DDP or accel.kind == "tpu" and not strat.shards_weights:
         total = collective_s("all_reduce", grads, n, accel)
         last = collective_s("all_reduce", min(grads, DDP_BUCKET_BYTES), n, accel)
-        return last + max(0.0, total - last - t_bwd), min(total - last, t_bwd), notes
+        return last + max(0.0, total - last - t_bwd), 0.0, notes
     if strat.shards_optimizer and not strat.shards_weights:
         total = collective_s("reduce_scatter", grads, n, accel)
         last = collective_s("reduce_scatter", min(grads, DDP_BUCKET_BYTES), n, accel)
-        times = k if strat.shards_gradients else 1
-        rs = (last + max(0.0, total - last - t_bwd)) * times
+        rs = (last + max(0.0, total - last - t_bwd)) * (k if strat.shards_gradients else 1)
         ag = collective_s("all_gather", p_compute, n, accel)
         notes.append(f"ZeRO-{strat.order}: gradients reduce-scattered during backward, updated "
                      "parameters all-gathered after the optimizer step")
-        return rs + ag, min(total - last, t_bwd) * times, notes
+        return rs + ag, 0.0, notes
     ag = collective_s("all_gather", p_compute, n, accel)
     rs = collective_s("reduce_scatter", g_compute, n, accel)
     # the first unit's all-gather has no compute to hide behind: the largest wrapped block's
@@ -135,5 +119,4 @@ def _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float
     # ... nor the last unit's gradient reduce-scatter (the first block, last in backward)
     last = collective_s("reduce_scatter", min(g_compute, unit or g_compute), n, accel)
     per_mb = first + last + max(0.0, ag - t_fwd) + max(0.0, ag + rs - t_bwd)
-    hidden = min(ag, t_fwd) + min(ag + rs, t_bwd)
-    return per_mb * k, hidden * k, notes
+    return per_mb * k, 0.0, notes

@@ -18,8 +18,6 @@ Fitted by scripts/calibrate_time.py (each a physical quantity with a range it ma
     kernel_s     a kernel's fixed device time (launch latency, ramp-up, tail)
     nchw_passes  extra passes over the bytes that NCHW tensor-core convolutions pay (transposes)
     conv_hopper  cuDNN's convolutions on Hopper against their share of the peak elsewhere
-    overlap_cost seconds of compute lost per second a collective runs hidden under it (NCCL's
-                 thread blocks on the SMs, its copies on HBM: predict/comm.py)
 
 Measured, not fitted (their sources in efficiency.json `provenance`): `bw_eff` (STREAM's fraction
 of the spec bandwidth), `tc_emax` (the median measured matmul ceiling, for a device without its
@@ -43,7 +41,7 @@ from importlib import resources
 
 FITTED = ("host_scale", "tile_s", "tile_h_half", "cuda_emax", "dwconv_emax", "attn_emax",
           "conv_rel", "gconv_half", "norm_bw_eff", "kernel_s", "nchw_passes", "conv_hopper",
-          "gdirect_emax", "overlap_cost")
+          "gdirect_emax")
 
 
 @dataclass(frozen=True)
@@ -77,7 +75,6 @@ class TimeParams:
     nchw_passes: float = 0.0
     conv_hopper: float = 1.0
     gdirect_emax: float | None = None       # None: cuda_emax
-    overlap_cost: float = 0.0
     attn_head_dim_half: float = 0.0
     attn_seq_half: float = 0.0
     cuda_launch_s: float = 0.0

@@ -379,7 +379,7 @@ def estimate_step_time(trace, accel, job, calibration: TimeParams | None = None,
     if job.strategy.shards_optimizer and n > 1:
         opt /= n                                            # each rank updates its shard
     host_exposed = q.exposed_host_s
-    comm, extra, notes = exposed_comm(job, accel, meta, n, t_fwd, t_bwd, p.overlap_cost)
+    comm, extra, notes = exposed_comm(job, accel, meta, n, t_fwd, t_bwd)
     if host_speed != 1.0:
         notes.append(f"the host CPU issues kernels at {host_speed:.2f}x the reference host's "
                      "single-thread speed (data/host_cpus.csv)")
