@@ -156,14 +156,19 @@ class StepCounter(TorchDispatchMode):
 
     # -- storage bookkeeping --------------------------------------------------------------
     def _module(self) -> str:
-        """Innermost running module (ModuleTracker names are dotted paths; deepest wins)."""
+        """Innermost running module: the one entered last (tracer.py `_Tracker`), the deepest
+        name where a tracker does not number its entries."""
         if self.mt is None:
             return ""
-        parents = self.mt.parents
-        key = frozenset(parents)
+        parents, entered = self.mt.parents, getattr(self.mt, "entered", None)
+        # the end of backward replaces the parents by {"Global"} without an append or a pop:
+        # their number changes with it
+        key = (self.mt.version, len(parents)) if entered is not None else frozenset(parents)
         if key != self._parents_key:
             self._parents_key = key
-            self._parents_name = max(parents, key=lambda n: (n.count("."), len(n))) if parents else ""
+            order = (lambda n: (entered.get(n, 0), n.count("."), len(n))) if entered is not None \
+                else (lambda n: (n.count("."), len(n)))
+            self._parents_name = max(parents, key=order) if parents else ""
         return self._parents_name
 
     def owner(self, t) -> int | None:
