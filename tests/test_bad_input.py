@@ -24,6 +24,26 @@ def test_unknown_gpu_suggests_close_matches(capsys):
     assert "a100-sxm4-40gb" in err or "a100-sxm4-80gb" in err
 
 
+@pytest.mark.parametrize("name, said", [
+    # timm's own deprecation entry leads to a tag its weights no longer have (timm 1.0.31)
+    ("vit_base_patch32_224_sam", "old name for 'vit_base_patch32_224.sam'"),
+    ("vit_base_patch32_224.nope", "no pretrained tag 'nope'"),
+])
+def test_a_timm_tag_the_architecture_lacks_is_named_with_its_tags(capsys, name, said):
+    code, err = run(capsys, "estimate", "--model", f"timm:{name}", "--gpu", "t4",
+                    "--batch-size", "2")
+    assert code == 2 and "Traceback" not in err, err
+    assert said in err
+    assert "vit_base_patch32_224.sam_in1k" in err                 # allowed: the real tags
+    assert "timm:vit_base_patch32_224" in err                     # what to try
+
+
+def test_a_timm_tag_the_architecture_has_builds_its_model(capsys):
+    code, _ = run(capsys, "estimate", "--model", "timm:vit_base_patch32_224.sam_in1k",
+                  "--gpu", "t4", "--batch-size", "2")
+    assert code == 0
+
+
 def test_malformed_yaml_names_the_line(capsys, tmp_path):
     bad = tmp_path / "job.yaml"
     bad.write_text("model: hf:openai-community/gpt2\nbatch_size: 4\n  seq_len: [1, 2\n")

@@ -51,6 +51,7 @@ def _build_timm(name: str, image_size: int | None):
     if not timm.is_model(name):
         raise unknown("timm model", name, timm.list_models(),
                       hint="list them with python -c 'import timm; print(timm.list_models())'")
+    _check_timm_tag(timm, name)
     cfg = timm.get_pretrained_cfg(name)
     default = cfg.input_size[-1] if cfg is not None and cfg.input_size else 224
     size = image_size or default
@@ -61,6 +62,29 @@ def _build_timm(name: str, image_size: int | None):
         except TypeError:
             model = timm.create_model(name, pretrained=False)
     return model, size, getattr(model, "num_classes", 1000)
+
+
+def _check_timm_tag(timm, name: str) -> None:
+    """A pretrained tag (`resnet50.a1_in1k`: it sets the classes and input size even without
+    weights) must be one of the architecture's, and an old name timm still accepts
+    (`vit_base_patch32_224_sam`) must lead to one: timm's `is_model` ignores the tag, and its
+    `create_model` then fails with "Invalid pretrained tag", even where the old name is timm's own
+    deprecation entry (1.0.31 maps that one to `.sam`, its weights are `.sam_in1k`)."""
+    from timm.models import get_deprecated_models, split_model_name_tag
+    old = get_deprecated_models()
+    current = old.get(name) or name
+    arch, tag = split_model_name_tag(current)
+    if not tag:
+        return
+    tags = timm.list_pretrained(f"{arch}.*")
+    if current in tags:
+        return
+    version = getattr(timm, "__version__", "?")
+    what = (f"timm model {name!r} is timm's old name for {current!r}, pretrained weights timm "
+            f"{version} does not have." if name in old else
+            f"timm model {arch!r} has no pretrained tag {tag!r} in timm {version}.")
+    raise unknown("timm pretrained tag", current, tags + [arch], what=what,
+                  hint=f"name the architecture (timm:{arch}) or one of its tags")
 
 
 def _build_torchvision(name: str, image_size: int | None):
