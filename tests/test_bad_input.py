@@ -44,6 +44,22 @@ def test_a_timm_tag_the_architecture_has_builds_its_model(capsys):
     assert code == 0
 
 
+@pytest.mark.parametrize("name, size, said", [
+    ("vit_b_16", 200, "use --image-size 192 or 208"),        # a ViT's size: patches of 16
+    ("maxvit_t", 384, "use --image-size 224 or 448"),        # 7 x 7 windows after a /32
+])
+def test_a_torchvision_model_built_for_its_image_size(capsys, name, size, said):
+    """torchvision's ViTs and MaxViT fix their input size when built (models/vision.py `_SIZED`):
+    built for --image-size, or one clear error naming the sizes they take."""
+    code, err = run(capsys, "estimate", "--model", f"torchvision:{name}", "--gpu", "t4",
+                    "--batch-size", "2", "--image-size", str(size))
+    assert code == 2 and "Traceback" not in err, err
+    assert said in err and "could not be traced" not in err
+    code, err = run(capsys, "estimate", "--model", f"torchvision:{name}", "--gpu", "t4",
+                    "--batch-size", "2", "--image-size", said.split()[-1])
+    assert code == 0, err
+
+
 def test_malformed_yaml_names_the_line(capsys, tmp_path):
     bad = tmp_path / "job.yaml"
     bad.write_text("model: hf:openai-community/gpt2\nbatch_size: 4\n  seq_len: [1, 2\n")

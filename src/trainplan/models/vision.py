@@ -87,13 +87,35 @@ def _check_timm_tag(timm, name: str) -> None:
                   hint=f"name the architecture (timm:{arch}) or one of its tags")
 
 
+# torchvision's classification models whose input size is fixed when they are built, by their
+# builders' keyword (torchvision/models/vision_transformer.py `VisionTransformer(image_size)`,
+# maxvit.py `MaxVit(input_size)`), and the sizes they take: a ViT's a multiple of its patch (the
+# name's last number), MaxViT's a multiple of 224 (a stride-4 stem, then four stages that halve
+# it, each split into 7 x 7 windows). The others adapt to any size.
+_SIZED = {"vit_": (lambda s: {"image_size": s}, lambda name: int(name.rsplit("_", 1)[1])),
+          "maxvit": (lambda s: {"input_size": (s, s)}, lambda name: 224)}
+
+
 def _build_torchvision(name: str, image_size: int | None):
     tv = import_torchvision()
     names = tv.models.list_models()
     if name not in names:
         raise unknown("torchvision model", name, names)
-    with on_meta():
-        model = tv.models.get_model(name, weights=None)
+    sized = next((v for k, v in _SIZED.items() if name.startswith(k)), None)
+    kwargs = sized[0](image_size) if sized and image_size else {}
+    try:
+        with on_meta():
+            model = tv.models.get_model(name, weights=None, **kwargs)
+    except (AssertionError, ValueError) as e:
+        if not kwargs:
+            raise
+        step = sized[1](name)
+        lo, hi = max(step, image_size // step * step), (image_size // step + 1) * step
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise TrainplanError(f"torchvision:{name} cannot be built for {image_size} px images "
+                             f"(torchvision: {first}).",
+                             allowed=f"image sizes that are multiples of {step}",
+                             fix=f"use --image-size {lo} or {hi}") from None
     size = image_size or (299 if name.startswith("inception") else 224)
     return model, size, getattr(model, "num_classes", 1000)
 
