@@ -2,6 +2,7 @@
 (models/hf.py, _qwen_vl_inputs): counts checked against transformers' own image processor and
 configs, the vision tower checked to run in the traced step."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,29 @@ def test_frozen_tower_still_runs(tmp_path):
     vis = {m.name: m for m in tr.modules}["model.visual"]
     assert vis.trainable_params == 0 < vis.params
     assert vis.flops_forward > 0 and vis.flops_backward == 0
+
+
+@pytest.mark.parametrize("model, size, own, patches", [
+    ("hf:google/vit-base-patch16-224", 384, 224, (576, 196)),
+    ("hf:openai/clip-vit-base-patch32", 320, 224, (100, 49)),
+])
+def test_a_vit_checkpoint_trains_on_images_of_another_size(model, size, own, patches):
+    """ViT and CLIP build a position table for their config's image size and refuse another
+    unless the forward interpolates it (models/hf.py `_resized`): the same parameters, the
+    patches of the larger image, and a note that says so."""
+    sem = KernelSemantics(attention="efficient")
+    tr = {s: trace_step(validate(Job(model=model, batch_size=1, image_size=s, seq_len=16
+                                     if "clip" in model else None)), sem) for s in (own, size)}
+    assert tr[size].params_total == tr[own].params_total
+    assert any(f"images of {size} px" in n and "interpolated" in n for n in tr[size].notes)
+    assert not any("interpolated" in n for n in tr[own].notes)
+    # the vision tower's first block runs on the patches (and the class token) of the image
+    block = next(m.name for m in tr[own].modules
+                 if re.fullmatch(r"(vit|vision_model)\..*layers?\.0", m.name))
+    rows = {s: {m.name: m for m in t.modules}[block] for s, t in tr.items()}
+    ratio = (patches[0] + 1) / (patches[1] + 1)
+    assert rows[size].flops_forward > ratio * rows[own].flops_forward * 0.99
+    assert rows[size].activation_bytes > ratio * rows[own].activation_bytes * 0.99
 
 
 def test_images_longer_than_the_sequence_are_an_error(tmp_path):

@@ -178,6 +178,11 @@ def build_hf(job, attention: str = "efficient") -> ModelBundle:
     _check_learned_positions(model, config, job, canonical)
     kind, make_inputs, tokens = _inputs_for(auto_name, config, job, model)
     mtype = getattr(config, "model_type", "")
+    if kind in ("vision", "vision-language") and _resized(config, job, model):
+        own = (getattr(config, "vision_config", None) or config).image_size
+        notes.append(f"images of {job.image_size} px: the checkpoint's {own} px position table "
+                     "interpolated in every forward (the forward's interpolate_pos_encoding, "
+                     "transformers' way to run the model on images of another size)")
     if job.image_size and hasattr(config, "vision_config") and kind not in ("vision",
                                                                              "vision-language"):
         from .vision_tokens import image_tokens
@@ -227,6 +232,25 @@ def _image_size(config, job) -> int:
     return job.image_size or getattr(vc, "image_size", 224)
 
 
+def _resized(config, job, model) -> dict:
+    """The forward's keyword for images of another size than the checkpoint's: ViT, CLIP and
+    their kin build a position table for their config's image_size and refuse other sizes
+    ("Input image size (384*384) doesn't match model (224*224)") unless the forward is asked to
+    interpolate it (`interpolate_pos_encoding=True`: the same weights, one bicubic resize a step;
+    transformers' ViTEmbeddings.interpolate_pos_encoding: "to be able to use the model on higher
+    resolution images"). Models without the keyword take any size or say they cannot."""
+    vc = getattr(config, "vision_config", None) or config
+    own = getattr(vc, "image_size", None)
+    if not job.image_size or own is None or job.image_size == own or model is None:
+        return {}
+    import inspect
+    try:
+        takes = "interpolate_pos_encoding" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return {"interpolate_pos_encoding": True} if takes else {}
+
+
 def _inputs_for(auto_name: str, config, job, model=None):
     """(kind, make_inputs(batch), tokens per sample) for the model's training task."""
     seq = job.seq_len or default_seq_len(getattr(_text_config(config), "max_position_embeddings",
@@ -240,18 +264,21 @@ def _inputs_for(auto_name: str, config, job, model=None):
     if "imageclassification" in n:
         size = _image_size(config, job)
         classes = max(2, getattr(config, "num_labels", 2))
+        resize = _resized(config, job, model)
         def img(batch):
             return {"pixel_values": torch.randn(batch, 3, size, size),
-                    "labels": torch.randint(0, classes, (batch,))}
+                    "labels": torch.randint(0, classes, (batch,)), **resize}
         return "vision", img, None
     if getattr(config, "model_type", "") == "clip" or ("vision_config" in config.to_dict()
                                                        and "text_config" in config.to_dict()
                                                        and n in ("automodel", "clipmodel")):
         size = _image_size(config, job)
         text_len = job.seq_len or getattr(config.text_config, "max_position_embeddings", 77)
+        resize = _resized(config, job, model)
         def clip(batch):
             return {"input_ids": torch.randint(0, config.text_config.vocab_size, (batch, text_len)),
-                    "pixel_values": torch.randn(batch, 3, size, size), "return_loss": True}
+                    "pixel_values": torch.randn(batch, 3, size, size), "return_loss": True,
+                    **resize}
         return "vision-language", clip, text_len
     if "sequenceclassification" in n:
         def cls_inputs(batch):
