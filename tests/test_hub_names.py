@@ -283,6 +283,37 @@ def test_a_config_naming_no_architecture_builds_its_families_model(tmp_path):
     assert any("names no architecture; built DebertaV2ForMaskedLM" in n for n in own.notes)
 
 
+@pytest.mark.parametrize("model, task, allowed, fix", [
+    # the family's own task first in what to try (its config.json's architecture)
+    ("google-t5/t5-small", "causal-lm", "seq2seq, seq-classification", "--task seq2seq"),
+    ("meta-llama/Llama-3.2-1B", "masked-lm", "causal-lm, seq-classification", "--task causal-lm"),
+    ("google/vit-base-patch16-224", "seq2seq", "image-classification",
+     "--task image-classification"),
+])
+def test_a_task_the_family_has_no_model_for_is_named(model, task, allowed, fix):
+    """--task with a head transformers has not for that model_type: one error naming the tasks
+    it has, where transformers' Auto class failed on another model's config ("Could not import
+    module 'Gemma3nConfig'")."""
+    with pytest.raises(TrainplanError) as e:
+        build_model(validate(Job(model=f"hf:{model}", seq_len=32, task=task)))
+    assert f"has no {task} model" in str(e.value) and "Gemma3n" not in str(e.value)
+    assert e.value.allowed == allowed and fix in e.value.fix
+
+
+def test_a_decoder_classifier_without_a_pad_id_takes_a_batch():
+    """GPT-2's config has no pad_token_id, and its sequence classifier refuses a batch of two
+    without one: the EOS id is set, as fine-tuning recipes do, and the note says so."""
+    from trainplan.trace.semantics import KernelSemantics
+    from trainplan.trace.tracer import trace_step
+    job = validate(Job(model="hf:openai-community/gpt2", seq_len=32, batch_size=2,
+                       task="seq-classification"))
+    tr = trace_step(job, KernelSemantics(attention="efficient"), depth=2)
+    assert any("sets no pad_token_id: set to 50256 (its EOS)" in n for n in tr.notes)
+    bert = build_model(validate(Job(model="hf:google-bert/bert-base-uncased", seq_len=32,
+                                    task="seq-classification")))
+    assert not any("pad_token_id" in n for n in bert.notes)      # BERT's config has one
+
+
 # --- downloads from the (fake) hub --------------------------------------------------------------
 
 def test_download_with_opt_in_then_cache(hub_env, monkeypatch):

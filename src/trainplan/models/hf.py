@@ -123,6 +123,49 @@ def resolve_architecture(name: str | None, model_type: str):
                              "pass --task (causal-lm, masked-lm, seq2seq, ...)")
 
 
+def _task_class(task: str, model_type: str | None) -> str | None:
+    """The class transformers builds for `task` on this model_type, None where it has none."""
+    from transformers.models.auto import modeling_auto
+    return getattr(modeling_auto, AUTO_MAPPINGS[TASK_CLASSES[task]], {}).get(model_type)
+
+
+def _check_task(task: str, model_type: str | None, name: str, arch: str | None) -> None:
+    """--task must name a head transformers has for the family: its Auto class would otherwise
+    fail on the config with an error about another model ("Could not import module
+    'Gemma3nConfig'" for T5 as a causal LM). The fix names the config's own task first."""
+    if _task_class(task, model_type):
+        return
+    ok = sorted((t for t in TASK_CLASSES if _task_class(t, model_type)),
+                key=lambda t: _task_class(t, model_type) != arch)
+    raise TrainplanError(f"{name} ({model_type}) has no {task} model in transformers.",
+                         allowed=", ".join(ok) if ok else "no task of trainplan's",
+                         fix=f"use --task {ok[0]}, or leave --task out to build the class its "
+                             f"config.json names" if ok else
+                             "leave --task out, or describe the model with py:<module>:<factory>")
+
+
+def _pad_for_classification(cls, config) -> str | None:
+    """A decoder's sequence classifier reads each sequence's score at its last token that is not
+    padding, and without a pad id refuses a batch of more than one ("Cannot handle batch sizes >
+    1 if no padding token is defined": GPT-2, Llama, Mistral, Qwen2). Every fine-tuning recipe
+    sets it (transformers' text-classification example: `model.config.pad_token_id =
+    tokenizer.pad_token_id`, the tokenizer's pad being its EOS where it has no other), and so do
+    we: the EOS id, else 0. Returns the note, or None where nothing was set."""
+    if not cls.__name__.endswith("ForSequenceClassification"):
+        return None
+    text = _text_config(config)
+    if getattr(text, "pad_token_id", 0) is not None:
+        return None
+    eos = getattr(text, "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+    text.pad_token_id = eos if isinstance(eos, int) else 0
+    if text is not config and getattr(config, "pad_token_id", 0) is None:
+        config.pad_token_id = text.pad_token_id
+    return (f"config.json sets no pad_token_id: set to {text.pad_token_id} "
+            f"({'its EOS' if isinstance(eos, int) else 'no EOS either'}), as fine-tuning a "
+            "sequence classifier does (without one it takes batches of one only)")
+
+
 def _auto_class(name: str):
     import transformers
     cls = getattr(transformers, name, None)
@@ -138,6 +181,8 @@ def build_hf(job, attention: str = "efficient") -> ModelBundle:
     config = make_config(cfg_dict)
     if job.task:
         auto_name = TASK_CLASSES[job.task]
+        _check_task(job.task, cfg_dict.get("model_type"), canonical,
+                    (cfg_dict.get("architectures") or [None])[0])
     if auto_name is None:
         archs = cfg_dict.get("architectures") or []
         auto_name = archs[0] if archs else None
@@ -155,6 +200,9 @@ def build_hf(job, attention: str = "efficient") -> ModelBundle:
         for c in {id(config): config, id(_text_config(config)): _text_config(config)}.values():
             c.use_cache = False
     notes = [n for n in (source_note, mapped) if n]
+    pad = _pad_for_classification(cls, config)
+    if pad:
+        notes.append(pad)
     from .hf_names import EAGER_BEFORE_SDPA_PORT
     if attention == "eager" and job.attention != "eager" and \
             getattr(config, "model_type", "") in EAGER_BEFORE_SDPA_PORT:
