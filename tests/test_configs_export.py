@@ -176,3 +176,20 @@ def test_what_a_framework_cannot_run_is_refused(kind, match, tmp_path, capsys):
                str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert rc == 2 and match in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["trl", "axolotl", "llama-factory"])
+@pytest.mark.parametrize("model, built", [
+    ("hf:google-bert/bert-base-uncased", "BertForMaskedLM"),
+    ("hf:google-t5/t5-small", "T5ForConditionalGeneration"),
+])
+def test_a_model_a_causal_lm_framework_cannot_train_is_refused(kind, model, built, tmp_path,
+                                                               capsys):
+    """axolotl, LLaMA-Factory and TRL load causal (or vision-language) models: a BERT masked LM
+    or a T5 seq2seq plan is not written as their config, which would train another head or
+    stop; nothing is written."""
+    rc = main(["export", "--model", model, "--seq-len", "64", "--batch-size", "2", "--gpu",
+               "h100-sxm", "--steps", "5", "--to", kind, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"trains {model[3:]} as {built}" in err, err
+    assert "export --to torchrun" in err and not (tmp_path / "out").exists()

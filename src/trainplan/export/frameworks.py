@@ -64,12 +64,23 @@ class Export:
 
     def model_name(self, kind: str, key: str) -> str:
         """The source's own spelling of the model when it means the planned one (a re-upload
-        such as NousResearch/Llama-2-7b-hf stays as written), else the hub id."""
+        such as NousResearch/Llama-2-7b-hf stays as written), else the hub id. Only a causal or
+        vision-language model: axolotl, LLaMA-Factory and TRL load AutoModelForCausalLM (or
+        their VLM class), and would train another head than the planned BERT masked LM or T5
+        seq2seq, or stop."""
+        from ..models.hf import language_model_class
+        hub_id = self.hub_id
+        cls, ok = language_model_class(self.job)
+        if not ok:
+            raise TrainplanError(f"{kind} trains causal (and vision-language) models; the plan "
+                                 f"trains {hub_id} as {cls}.",
+                                 fix="export --to torchrun, accelerate or deepspeed, which run "
+                                     "your own training script")
         if self.source is not None and self.source.kind == kind:
             f = next((f for f in self.source.read if f.key == key), None)
             if f is not None and self.source.settings.get("model") == self.job.model:
                 return str(f.value)
-        return self.hub_id
+        return hub_id
 
     def hf_optim(self, kind: str, key: str) -> str:
         """The HF Trainer `optim` name: the source's when it is the same optimizer."""

@@ -174,11 +174,11 @@ def _auto_class(name: str):
     return cls
 
 
-@hf_validate.guarded          # config checks; transformers' errors -> TrainplanError
-def build_hf(job, attention: str = "efficient") -> ModelBundle:
-    ref = job.model[3:]
-    cfg_dict, auto_name, canonical, source_note = resolve_config(ref)
-    config = make_config(cfg_dict)
+def _planned_class(job):
+    """(config dict, canonical id, source note, Auto or class name, class, note or None): the
+    class build_hf builds for the job, its --task's where it names one, else its config's."""
+    hf_import.prepare()
+    cfg_dict, auto_name, canonical, source_note = resolve_config(job.model[3:])
     if job.task:
         auto_name = TASK_CLASSES[job.task]
         _check_task(job.task, cfg_dict.get("model_type"), canonical,
@@ -189,6 +189,26 @@ def build_hf(job, attention: str = "efficient") -> ModelBundle:
     cls, mapped = resolve_architecture(auto_name, cfg_dict.get("model_type"))
     if mapped:
         auto_name = cls.__name__
+    return cfg_dict, canonical, source_note, auto_name, cls, mapped
+
+
+def language_model_class(job) -> tuple[str, bool]:
+    """(the class the job trains, whether it is a causal or image-text-to-text language model:
+    what the SFT/RL frameworks load, `AutoModelForCausalLM` or `AutoModelForImageTextToText`)."""
+    from transformers.models.auto import modeling_auto
+    cls = _planned_class(job)[4]
+    names = set()
+    for table in (modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                  modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES):
+        for v in table.values():
+            names.update(v if isinstance(v, (list, tuple)) else (v,))
+    return cls.__name__, cls.__name__ in names
+
+
+@hf_validate.guarded          # config checks; transformers' errors -> TrainplanError
+def build_hf(job, attention: str = "efficient") -> ModelBundle:
+    cfg_dict, canonical, source_note, auto_name, cls, mapped = _planned_class(job)
+    config = make_config(cfg_dict)
     attn = "eager" if attention == "eager" else "sdpa"
     if job.seq_len and getattr(config, "max_seq_len", None) and job.seq_len > config.max_seq_len:
         # MPT sizes its ALiBi bias from max_seq_len (a setting, not a weight); llm-foundry sets
