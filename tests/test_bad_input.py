@@ -83,6 +83,16 @@ def test_py_model_without_input_spec(capsys, tmp_path):
     assert "input spec" in err and "batch" in err
 
 
+def test_a_models_own_check_of_its_inputs_is_said_as_such(capsys):
+    """timm's MaxViT checks that its windows divide the image: its message, and what to change
+    (--image-size), not the data-dependent-op advice."""
+    code, err = run(capsys, "estimate", "--model", "timm:maxvit_tiny_tf_224", "--gpu", "l4",
+                    "--batch-size", "2", "--image-size", "300")
+    assert code == 2 and "Traceback" not in err
+    assert "must be divisible by window" in err and "leave --image-size 300 out" in err
+    assert "computes shapes from data" not in err
+
+
 def test_untraceable_model_names_the_op(capsys, tmp_path):
     (tmp_path / "dd.py").write_text(
         "import torch\n"

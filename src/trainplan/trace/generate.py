@@ -142,7 +142,7 @@ def trace_forward(job, sem: KernelSemantics, batch: int, new_tokens: int,
         except TrainplanError:
             raise
         except Exception as e:
-            raise _untraceable(bundle.name, e) from None
+            raise _untraceable(bundle.name, e, job) from None
     total, _ = count_parameters(model)
     weight_bytes = stored_bytes(model)
     notes = list(bundle.notes)

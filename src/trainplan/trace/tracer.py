@@ -177,7 +177,7 @@ def trace_step(job, semantics: KernelSemantics, batch_size: int | None = None,
         except TrainplanError:
             raise
         except Exception as e:  # an op the fake device cannot run
-            raise _untraceable(setup.bundle.name, e) from None
+            raise _untraceable(setup.bundle.name, e, job) from None
     if setup.sem.bias_grad_calls:
         setup.bundle.notes.append(
             f"{setup.sem.bias_grad_calls} attention calls a step take a float bias that needs a "
@@ -297,7 +297,7 @@ def trace_optimizer(job, semantics: KernelSemantics, depth: int | None = None) -
         except TrainplanError:
             raise
         except Exception as e:
-            raise _untraceable(setup.bundle.name, e) from None
+            raise _untraceable(setup.bundle.name, e, job) from None
     log = TraceLog(counter.memory_log, counter.events,
                    event_blocks(counter) if counter.tag_blocks else None, marks)
     return OptimizerPart(log, list(counter.records), states, last,
@@ -425,7 +425,10 @@ def _tag_states(opt, counter: StepCounter) -> None:
                 counter.retag(v, "optimizer_states")
 
 
-def _untraceable(name: str, e: Exception) -> TrainplanError:
+def _untraceable(name: str, e: Exception, job=None) -> TrainplanError:
+    """The error for a step the fake device could not run. An AssertionError or ValueError is
+    the model's own check of its inputs (timm's MaxViT: "height (75) must be divisible by window
+    (9)"), which says what to change; anything else is most likely an op that needs the data."""
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     op = ""
     for token in str(e).split():
@@ -435,6 +438,12 @@ def _untraceable(name: str, e: Exception) -> TrainplanError:
     what = f"{name} could not be traced on fake tensors: {type(e).__name__}: {msg[:300]}"
     if op:
         what += f" (op {op})"
+    if isinstance(e, (AssertionError, ValueError)) and not op:
+        size = getattr(job, "image_size", None)
+        return TrainplanError(what, fix=(
+            f"the model's own check refused these inputs: leave --image-size {size} out to use "
+            "its own size, or give one its layers divide" if size else
+            "the model's own check refused these inputs: change the setting it names"))
     return TrainplanError(
         what,
         fix="the model likely computes shapes from data (e.g. .item(), .tolist(), nonzero); "
