@@ -291,7 +291,7 @@ def test_failed_plan_does_not_clobber_the_report(tmp_path_factory, case, ext):
     path, report = folder / name, folder / f"plan{ext}"
     path.write_text(yaml.safe_dump(job))
     report.write_text("an earlier report\n")
-    argv = ["plan", str(path), "--report", str(report)]
+    argv = ["plan", str(path), "--report", str(report), "--force"]
     with mock.patch("trainplan.plan.make_plan", side_effect=_Validated):
         code, err = run_cli(argv)
     assert_clean(code, err, argv)
@@ -306,7 +306,7 @@ def test_report_kept_when_writing_fails(tiny_config, tmp_path):
     report = tmp_path / "plan.md"
     report.write_text("an earlier report\n")
     argv = ["plan", "--model", f"hf:{tiny_config}", "--seq-len", "32", "--platforms",
-            "kaggle-t4x2", "--steps", "10", "--report", str(report)]
+            "kaggle-t4x2", "--steps", "10", "--report", str(report), "--force"]
     with mock.patch("trainplan.paths.os.fsync", side_effect=OSError(28, "No space left on device")):
         code, err = run_cli(argv)
     assert code == 2 and "cannot write --report" in err and "No space left" in err, err

@@ -390,6 +390,23 @@ def test_cli_report_extension_must_name_a_format(capsys, job_file, tmp_path):
     assert ".md" in err and ".html" in err and "plan.md" in err
 
 
+def test_cli_report_never_replaces_a_file_without_force(capsys, job_file, tmp_path):
+    """An existing --report file (an earlier report, or the user's own notes.md) is refused
+    before any tracing, and replaced with --force; a folder is named as one."""
+    notes = tmp_path / "notes.md"
+    notes.write_text("my notes\n")
+    code, _, err = run(capsys, "plan", job_file, "--platforms", "local-rtx-3090", "--report",
+                       str(notes))
+    assert code == 2 and "exists" in err and "--force" in err
+    assert notes.read_text() == "my notes\n"
+    code, _, err = run(capsys, "plan", job_file, "--platforms", "local-rtx-3090", "--report",
+                       str(notes), "--force")
+    assert code == 0, err
+    assert notes.read_text().startswith("# Training plan")
+    code, _, err = run(capsys, "plan", job_file, "--report", str(tmp_path))
+    assert code == 2 and "is a folder" in err and "plan.md" in err
+
+
 # --- charts and units ----------------------------------------------------------------------------
 
 def _rects(svg: str) -> list[tuple[float, float]]:

@@ -62,6 +62,8 @@ def plan_command_parser(sub) -> None:
                         "html (a self-contained page)")
     p.add_argument("--report", metavar="FILE", help="also write the report to FILE: plan.md, "
                                                     "plan.html or plan.json (format from the extension)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing --report file (without it one is never replaced)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 when no platform can run the job, even after the fixes (every "
                         "verdict WON'T FIT or RETIRED); the plan is still printed. Exit 2 is bad input")
@@ -156,9 +158,9 @@ def plan_command(args: argparse.Namespace) -> int:
     from ..measure.calibrate import user_calibration
     from ..plan import Planner, make_plan
     from ..plan.extras import plan_extras
-    from ..report.plan_output import emit_plan, needs_curves, report_format
+    from ..report.plan_output import check_report, emit_plan, needs_curves
     from ..report.plan_rich import print_as_given, stderr_console, tracing_progress
-    report_format(args.report)             # a bad extension fails before the tracing
+    check_report(args.report, args.force)  # a bad extension or a kept file before the tracing
     err = stderr_console()
     display = contextlib.nullcontext(None) if args.quiet else tracing_progress(err)
     with display as progress:

@@ -35,6 +35,22 @@ def report_format(path: str | None) -> str | None:
     return EXTENSIONS[ext]
 
 
+def check_report(path: str | None, force: bool = False) -> None:
+    """Before any tracing: the --report path is a file that may be written. An existing file is
+    a user's (an earlier report, or notes that happen to share the name) and is replaced only
+    with --force, as `export` replaces files; a folder is not a file."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise TrainplanError(f"--report {path} is a folder.",
+                             fix=f"name a file in it: {p / 'plan.md'}")
+    report_format(path)
+    if p.exists() and not force:
+        raise TrainplanError(f"--report {path} exists; a plan does not replace a file without "
+                             "--force.", fix="add --force to replace it, or name another file")
+
+
 def needs_curves(fmt: str, report: str | None) -> bool:
     return fmt in ("md", "json", "html") or report_format(report) is not None
 
