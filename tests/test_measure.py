@@ -240,6 +240,37 @@ def test_record_context_manager(tmp_path):
     assert not (tmp_path / "none.jsonl").exists()
 
 
+def test_a_record_is_appended_only_to_a_records_file(tmp_path, measured):
+    """--out naming a file that is not one of records (a JSON document, a CSV) or a folder is
+    an error before the run, and the file is left as it was; after a line an earlier crash left
+    unfinished, the new record starts a line of its own and reads back."""
+    import trainplan.measure
+    from trainplan.measure.records import append_record, check_records_file
+    rec, _, _ = measured
+    doc = tmp_path / "results.json"
+    doc.write_text('{"accuracy": 0.9}\n')
+    for target in (doc, tmp_path):
+        with pytest.raises(TrainplanError) as e:
+            check_records_file(target)
+        assert ("not a file of trainplan measurements" if target == doc else "is a folder") \
+            in str(e.value) and e.value.fix
+        with pytest.raises(TrainplanError):
+            trainplan.measure.record(tiny_job(), out=target)     # before any step is run
+    assert doc.read_text() == '{"accuracy": 0.9}\n'
+    job_file = tmp_path / "tiny.yaml"
+    job_file.write_text(TINY_YAML)
+    assert main(["measure", str(job_file), "--out", str(doc), "--steps", "1", "--warmup", "0",
+                 "--device", "cpu"]) == 2
+    assert doc.read_text() == '{"accuracy": 0.9}\n'
+    log = tmp_path / "runs.jsonl"
+    append_record(rec, log)
+    with log.open("a") as f:                                     # a crash mid-line
+        f.write('{"schema": "trainplan.meas')
+    append_record(rec, log)
+    lines = log.read_text().splitlines()
+    assert len(lines) == 3 and json.loads(lines[2]) == json.loads(lines[0])
+
+
 def test_hf_trainer_callback(tmp_path):
     from trainplan.measure import TrainplanCallback
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments

@@ -35,6 +35,8 @@ def measure_command(args: argparse.Namespace) -> int:
     command = shlex.join(["trainplan", *argv]) if argv is not None else None
     progress = None if args.format == "json" else (
         lambda msg: console().print(f"[dim]{msg}[/dim]"))
+    from ..measure.records import check_records_file
+    check_records_file(args.out)      # before the run, not once its record is made
     if args.task == "generate":
         from ..measure.generate import run_generation
         prompt, completion = args.prompt_len, args.completion_len

@@ -26,6 +26,8 @@ class TrainplanCallback(TrainerCallback):
     After training, `result` is the record and `path` the file it was appended to."""
 
     def __init__(self, job, *, warmup: int = 3, out=None, accelerator: str | None = None):
+        from .records import check_records_file
+        check_records_file(out)       # before training, not once its record is made
         self._kw = dict(warmup=warmup, out=out, accelerator=accelerator)
         self._job = job
         self._rec: Recording | None = None

@@ -93,5 +93,7 @@ def record(job, *, warmup: int = 3, out=None, accelerator: str | None = None,
     (default $TRAINPLAN_HOME/measurements.jsonl). accelerator: catalog id of this device (default:
     detected from the CUDA device name). device: where the loop runs (default cuda if present).
     """
+    from .records import check_records_file
+    check_records_file(out)           # before the loop, not once its record is made
     return Recording(job, warmup=warmup, out=out, accelerator=accelerator, device=device,
                      command=command)

@@ -29,6 +29,7 @@ Records live in `$TRAINPLAN_HOME/measurements.jsonl` (default ~/.local/share/tra
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, fields, is_dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -140,11 +141,47 @@ def check_record(rec: dict, where: str = "measurement record") -> dict:
     return rec
 
 
-def append_record(rec: dict, path: str | Path | None = None) -> Path:
+def check_records_file(path: str | Path | None = None) -> Path:
+    """The file a record will be appended to, checked before a run: a folder, or a file whose
+    first line is not a record (a JSON document, a CSV: the user named the wrong file), is an
+    error; a new or empty file, or a file of records, is fine. Appending to another file would
+    leave it neither what it was nor a records file."""
     path = Path(path).expanduser() if path else default_records_path()
+    if path.is_dir():
+        raise TrainplanError(f"--out {path} is a folder.",
+                             fix=f"name a file in it: {path / 'measurements.jsonl'}")
+    if not path.is_file() or path.stat().st_size == 0:
+        return path
+    with path.open(encoding="utf-8", errors="replace") as f:
+        first = next((line for line in f if line.strip()), "")
+    try:
+        check_record(json.loads(first), f"{path} line 1")
+    except (json.JSONDecodeError, TrainplanError, TypeError, AttributeError):
+        raise TrainplanError(f"{path} is not a file of trainplan measurements; a record is "
+                             "appended only to one (JSON lines, one record a line).",
+                             fix="give --out a new file, or the records file of earlier runs"
+                             ) from None
+    return path
+
+
+def append_record(rec: dict, path: str | Path | None = None) -> Path:
+    """Append one record as one line, in one write, flushed to the disk: a crash leaves the
+    file's earlier records as they were. After a line an earlier crash left unfinished the new
+    record starts a line of its own."""
+    path = check_records_file(path)
+    line = (json.dumps(check_record(rec), sort_keys=True) + "\n").encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(check_record(rec), sort_keys=True) + "\n")
+    if path.is_file() and path.stat().st_size:
+        with path.open("rb") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                line = b"\n" + line
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     return path
 
 
