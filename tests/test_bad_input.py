@@ -137,3 +137,25 @@ def test_selective_checkpointing_cannot_be_reentrant(capsys):
                     "--grad-checkpointing", "selective", "--checkpoint-impl", "reentrant")
     assert code == 2
     assert "use_reentrant=False" in err and "--checkpoint-impl non-reentrant" in err
+
+
+def test_an_error_fits_the_terminal_and_is_written_whole_when_piped(monkeypatch, capsys):
+    """On a terminal the message is word-wrapped to its width (a flag or path never split);
+    piped or captured it is as written, so it can be searched and parsed line by line."""
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    argv = ["estimate", "--model", "hf:google-t5/t5-small", "--task", "causal-lm", "--gpu",
+            "t4", "--batch-size", "2", "--seq-len", "32"]
+    assert main(argv) == 2
+    piped = capsys.readouterr().err
+    assert any(len(line) > 60 for line in piped.splitlines())
+    term = Terminal()
+    monkeypatch.setattr("sys.stderr", term)
+    monkeypatch.setenv("COLUMNS", "60")
+    assert main(argv) == 2
+    shown = term.getvalue()
+    assert all(len(line) <= 60 for line in shown.splitlines()), shown
+    assert shown.split() == piped.split()

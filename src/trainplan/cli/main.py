@@ -66,10 +66,23 @@ def main(argv: list[str] | None = None) -> int:
         with third_party_output(args.verbose):
             return args.func(args) or 0
     except TrainplanError as e:
-        print(f"trainplan: error: {e}", file=sys.stderr)
+        print(_for_terminal(f"trainplan: error: {e}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _for_terminal(text: str) -> str:
+    """An error's lines word-wrapped to the terminal's width on a terminal (paths, flags and
+    ids are never split); piped or captured, as written, one line per part."""
+    if not sys.stderr.isatty():
+        return text
+    import shutil
+    import textwrap
+    width = shutil.get_terminal_size((80, 24)).columns
+    return "\n".join(textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False,
+                                    subsequent_indent="  ") if len(line) > width else line
+                      for line in text.splitlines())
 
 
 def run() -> None:
