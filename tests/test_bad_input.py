@@ -93,6 +93,17 @@ def test_a_models_own_check_of_its_inputs_is_said_as_such(capsys):
     assert "computes shapes from data" not in err
 
 
+@pytest.mark.parametrize("model, kind", [("timm:resnet50", "a vision model"),
+                                         ("hf:google-bert/bert-base-uncased", "an encoder model")])
+def test_a_preference_algorithm_needs_a_language_model(capsys, model, kind):
+    """DPO scores sequences by their log-probabilities: an image classifier or a masked LM is
+    refused (it was planned as two 'sequences' a sample)."""
+    code, err = run(capsys, "estimate", "--model", model, "--gpu", "l4", "--batch-size", "2",
+                    "--seq-len", "64", "--algorithm", "dpo")
+    assert code == 2 and "Traceback" not in err
+    assert f"is {kind}" in err and "--algorithm sft" in err
+
+
 def test_untraceable_model_names_the_op(capsys, tmp_path):
     (tmp_path / "dd.py").write_text(
         "import torch\n"

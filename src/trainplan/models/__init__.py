@@ -45,6 +45,14 @@ def build_model(job, attention: str = "efficient") -> ModelBundle:
     """The model named in `job.model`, `attention` the target's kernel; a sample holds as many
     sequences as the algorithm runs through the policy (DPO: chosen and rejected, algorithm.py)."""
     bundle = _build(job, attention)
+    if job.algorithm != "sft" and bundle.kind not in ("decoder", "vision-language", "custom"):
+        article = "an" if bundle.kind[0] in "aeiou" else "a"
+        raise TrainplanError(
+            f"{job.algorithm.upper()} trains a language model on the log-probabilities of the "
+            f"sequences it scores; {bundle.name} is {article} {bundle.kind} model.",
+            allowed="--algorithm sft for this model; grpo, dpo and ppo for causal (or "
+                    "vision-language) models",
+            fix="use --algorithm sft, or a causal LM")
     per_sample = sequences_per_sample(job.algorithm)
     if per_sample > 1:
         one = bundle.make_inputs
