@@ -170,3 +170,15 @@ def test_an_error_fits_the_terminal_and_is_written_whole_when_piped(monkeypatch,
     shown = term.getvalue()
     assert all(len(line) <= 60 for line in shown.splitlines()), shown
     assert shown.split() == piped.split()
+
+
+def test_a_transformer_setting_suggests_what_was_meant(capsys, tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("model: transformer\ntransformer: {hidden_size: 64, num_layers: 0, "
+                   "num_heads: 4}\nbatch_size: 2\nseq_len: 32\n")
+    code, err = run(capsys, "estimate", str(job), "--gpu", "t4")
+    assert code == 2 and "write it like `num_layers: 12`" in err
+    job.write_text("model: transformer\ntransformer: {hidden_size: 64, num_layers: 2, "
+                   "num_heads: 4, kind: encoderx}\nbatch_size: 2\nseq_len: 32\n")
+    code, err = run(capsys, "estimate", str(job), "--gpu", "t4")
+    assert code == 2 and "Did you mean 'encoder'" in err and "Allowed: encoder, decoder" in err

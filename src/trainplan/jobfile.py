@@ -160,6 +160,11 @@ def load_yaml(path: str | Path) -> tuple[dict, Any]:
     return data, node
 
 
+# a transformer's dimensions as a user would write them (BERT-base's; 4 KV heads as GQA)
+_EXAMPLE = {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "intermediate_size": 3072,
+            "vocab_size": 30522, "num_kv_heads": 4, "max_position_embeddings": 512}
+
+
 def _dims_from(d: dict, where: str) -> TransformerDims:
     if not isinstance(d, dict):
         raise _shape_error(where, "the transformer", "a mapping of dimensions", d,
@@ -185,8 +190,8 @@ def _dims_from(d: dict, where: str) -> TransformerDims:
               "kind": ("encoder", "decoder")}
     for k, allowed in checks.items():
         if k in kw and str(kw[k]).lower() not in allowed:
-            raise TrainplanError(f"{where}: {k} {kw[k]!r} is not supported.",
-                                 allowed=", ".join(allowed))
+            raise unknown(k, str(kw[k]), allowed, what=f"{where}: {k} {kw[k]!r} is not supported.",
+                          allowed=", ".join(allowed))
         if k in kw:
             kw[k] = str(kw[k]).lower()
     if kw.get("positional_encoding") == "rope":
@@ -196,7 +201,7 @@ def _dims_from(d: dict, where: str) -> TransformerDims:
         if k in kw and (not _is_int(kw[k]) or kw[k] <= 0) and not (
                 kw[k] is None and k in ("intermediate_size", "num_kv_heads")):
             raise TrainplanError(f"{where}: {k} must be a positive integer, got {kw[k]!r}.",
-                                 fix=f"write it like `{k}: 768`")
+                                 fix=f"write it like `{k}: {_EXAMPLE[k]}`")
     if kw["num_layers"] > 1024:      # every block is built: thousands take minutes
         raise TrainplanError(f"{where}: num_layers {kw['num_layers']} is more blocks than any "
                              "published model.", allowed="1..1024", fix="check num_layers")
