@@ -182,3 +182,16 @@ def test_a_transformer_setting_suggests_what_was_meant(capsys, tmp_path):
                    "num_heads: 4, kind: encoderx}\nbatch_size: 2\nseq_len: 32\n")
     code, err = run(capsys, "estimate", str(job), "--gpu", "t4")
     assert code == 2 and "Did you mean 'encoder'" in err and "Allowed: encoder, decoder" in err
+
+
+@pytest.mark.parametrize("key, value, said", [("precision", "fp17", "Did you mean 'fp16'"),
+                                              ("strategy", "zer3", "Did you mean 'zero3'")])
+def test_a_name_in_a_job_file_is_placed_in_the_file(capsys, tmp_path, key, value, said):
+    """A misspelt name in a job file says its line, not the flag's name (it was '--precision
+    'fp17' is not a precision' for a YAML key)."""
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model: hf:openai-community/gpt2\nbatch_size: 2\nseq_len: 32\n"
+                   f"{key}: {value}\n")
+    code, err = run(capsys, "estimate", str(job), "--gpu", "t4")
+    assert code == 2 and f"job.yaml, line 4: {key} '{value}'" in err and said in err
+    assert f"--{key}" not in err

@@ -363,6 +363,12 @@ def job_from_dict(data: dict, node=None, source: str = "job", base_dir: Path | N
         raise unknown("setting", k, sorted(_FIELDS), what=f"{where}: unknown setting {k!r}.",
                       show=str, allowed=", ".join(sorted(_FIELDS)))
     _check_types(kw, node, source)
+    # a name's error says where it was written, not the flag's name (spec.Job parses them too)
+    from . import optimizer as opt_mod, strategy as strat_mod
+    for key, parse in (("precision", prec_mod.parse), ("strategy", strat_mod.parse),
+                       ("optimizer", opt_mod.parse)):
+        if isinstance(kw.get(key), str):
+            kw[key] = parse(kw[key], where=f"{_where(source, node, key)}: {key}")
     kw["notes"] = tuple(notes)
     kw["base_dir"] = base_dir
     try:
