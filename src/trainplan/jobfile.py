@@ -364,9 +364,9 @@ def job_from_dict(data: dict, node=None, source: str = "job", base_dir: Path | N
                       show=str, allowed=", ".join(sorted(_FIELDS)))
     _check_types(kw, node, source)
     # a name's error says where it was written, not the flag's name (spec.Job parses them too)
-    from . import optimizer as opt_mod, strategy as strat_mod
-    for key, parse in (("precision", prec_mod.parse), ("strategy", strat_mod.parse),
-                       ("optimizer", opt_mod.parse)):
+    from . import optimizer as opt_mod, quantization as quant_mod, strategy as strat_mod
+    for key, parse in (("precision", prec_mod.parse), ("quantize", quant_mod.parse),
+                       ("strategy", strat_mod.parse), ("optimizer", opt_mod.parse)):
         if isinstance(kw.get(key), str):
             kw[key] = parse(kw[key], where=f"{_where(source, node, key)}: {key}")
     kw["notes"] = tuple(notes)

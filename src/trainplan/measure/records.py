@@ -171,13 +171,11 @@ def append_record(rec: dict, path: str | Path | None = None) -> Path:
     path = check_records_file(path)
     line = (json.dumps(check_record(rec), sort_keys=True) + "\n").encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_file() and path.stat().st_size:
-        with path.open("rb") as f:
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) != b"\n":
-                line = b"\n" + line
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line
         os.write(fd, line)
         os.fsync(fd)
     finally:

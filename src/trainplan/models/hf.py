@@ -244,9 +244,10 @@ def build_hf(job, attention: str = "efficient") -> ModelBundle:
                 raise TrainplanError(f"transformers could not build {canonical}: {e}") from None
     model.train()
     _check_learned_positions(model, config, job, canonical)
-    kind, make_inputs, tokens = _inputs_for(auto_name, config, job, model)
+    resize = _resized(config, job, model)
+    kind, make_inputs, tokens = _inputs_for(auto_name, config, job, model, resize)
     mtype = getattr(config, "model_type", "")
-    if kind in ("vision", "vision-language") and _resized(config, job, model):
+    if kind in ("vision", "vision-language") and resize:
         own = (getattr(config, "vision_config", None) or config).image_size
         notes.append(f"images of {job.image_size} px: the checkpoint's {own} px position table "
                      "interpolated in every forward (the forward's interpolate_pos_encoding, "
@@ -319,8 +320,10 @@ def _resized(config, job, model) -> dict:
     return {"interpolate_pos_encoding": True} if takes else {}
 
 
-def _inputs_for(auto_name: str, config, job, model=None):
-    """(kind, make_inputs(batch), tokens per sample) for the model's training task."""
+def _inputs_for(auto_name: str, config, job, model=None, resize: dict | None = None):
+    """(kind, make_inputs(batch), tokens per sample) for the model's training task; `resize`:
+    the image forward's keyword for another image size (`_resized`)."""
+    resize = resize or {}
     seq = job.seq_len or default_seq_len(getattr(_text_config(config), "max_position_embeddings",
                                                  None))
     vocab = getattr(_text_config(config), "vocab_size", 32000)
@@ -332,7 +335,6 @@ def _inputs_for(auto_name: str, config, job, model=None):
     if "imageclassification" in n:
         size = _image_size(config, job)
         classes = max(2, getattr(config, "num_labels", 2))
-        resize = _resized(config, job, model)
         def img(batch):
             return {"pixel_values": torch.randn(batch, 3, size, size),
                     "labels": torch.randint(0, classes, (batch,)), **resize}
@@ -342,7 +344,6 @@ def _inputs_for(auto_name: str, config, job, model=None):
                                                        and n in ("automodel", "clipmodel")):
         size = _image_size(config, job)
         text_len = job.seq_len or getattr(config.text_config, "max_position_embeddings", 77)
-        resize = _resized(config, job, model)
         def clip(batch):
             return {"input_ids": torch.randint(0, config.text_config.vocab_size, (batch, text_len)),
                     "pixel_values": torch.randn(batch, 3, size, size), "return_loss": True,
