@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
+from unittest import mock
 
 import pytest
 import torch
@@ -269,6 +271,14 @@ def test_a_record_is_appended_only_to_a_records_file(tmp_path, measured):
     append_record(rec, log)
     lines = log.read_text().splitlines()
     assert len(lines) == 3 and json.loads(lines[2]) == json.loads(lines[0])
+    # a full disk part-way through the write: one clear error, the file as it was
+    before = log.read_bytes()
+    real_write = os.write
+    with mock.patch("trainplan.measure.records.os.write",
+                    side_effect=lambda fd, b: real_write(fd, b[:10])):
+        with pytest.raises(TrainplanError) as e:
+            append_record(rec, log)
+    assert "No space left" in str(e.value) and log.read_bytes() == before
 
 
 def test_hf_trainer_callback(tmp_path):

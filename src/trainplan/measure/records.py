@@ -166,18 +166,25 @@ def check_records_file(path: str | Path | None = None) -> Path:
 
 def append_record(rec: dict, path: str | Path | None = None) -> Path:
     """Append one record as one line, in one write, flushed to the disk: a crash leaves the
-    file's earlier records as they were. After a line an earlier crash left unfinished the new
-    record starts a line of its own."""
+    file's earlier records as they were, and a write that fails (a full disk) is cut back off,
+    leaving the file as it was. After a line an earlier crash left unfinished the new record
+    starts a line of its own."""
     path = check_records_file(path)
     line = (json.dumps(check_record(rec), sort_keys=True) + "\n").encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    size = os.fstat(fd).st_size
     try:
-        size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             line = b"\n" + line
-        os.write(fd, line)
+        if os.write(fd, line) != len(line):
+            raise OSError(28, "No space left on device")
         os.fsync(fd)
+    except OSError as e:
+        os.ftruncate(fd, size)
+        raise TrainplanError(f"cannot append the record to {path}: {e.strerror}; the file is "
+                             "as it was.", fix="free space there, or give --out another file"
+                             ) from None
     finally:
         os.close(fd)
     return path
