@@ -195,3 +195,32 @@ def test_a_name_in_a_job_file_is_placed_in_the_file(capsys, tmp_path, key, value
     code, err = run(capsys, "estimate", str(job), "--gpu", "t4")
     assert code == 2 and f"job.yaml, line 4: {key} '{value}'" in err and said in err
     assert f"--{key}" not in err
+
+
+def test_inspect_depth_below_zero_is_refused_before_tracing(capsys, monkeypatch):
+    import trainplan.cli.inspect_cmd as inspect_cmd
+    monkeypatch.setattr(inspect_cmd, "trace_for", lambda args: pytest.fail("traced"))
+    code, err = run(capsys, "inspect", "hf:openai-community/gpt2", "--depth", "-1")
+    assert code == 2 and "Traceback" not in err
+    assert "--depth must be 0 or more, got -1" in err and "--depth 3" in err
+
+
+@pytest.mark.parametrize("alpha", ["-16", "0"])
+def test_a_lora_alpha_that_is_not_positive_is_refused(capsys, alpha):
+    code, err = run(capsys, "estimate", "--model", "hf:openai-community/gpt2", "--gpu", "t4",
+                    "--lora-rank", "8", "--lora-alpha", alpha)
+    assert code == 2 and "Traceback" not in err
+    assert "--lora-alpha must be a positive number" in err and "alpha / rank" in err
+    assert "--lora-alpha 16" in err                                # what to try
+
+
+@pytest.mark.parametrize("lora, said", [
+    ("{rank: 8, alpha: -1}", "alpha must be a positive number"),
+    ("{rank: 8, dropout: 1.5}", "dropout must be a number in [0, 1)"),
+])
+def test_a_job_files_lora_out_of_range_names_the_file(capsys, tmp_path, lora, said):
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model: hf:openai-community/gpt2\nlora: {lora}\n")
+    code, err = run(capsys, "estimate", str(job), "--gpu", "t4")
+    assert code == 2 and "Traceback" not in err
+    assert f"{job}: lora: {said}" in err

@@ -414,3 +414,23 @@ def test_measure_generate_times_hf_generate_and_calibrates_apart(tmp_path, capsy
                  "--format", "json"]) == 0
     est = json.loads(capsys.readouterr().out)
     assert any("t4:generate" in n for n in est["notes"])
+
+
+def test_a_record_left_half_written_is_skipped_and_said(tmp_path, measured):
+    """kill -9 inside append_record's one write can leave a line unfinished: the records around
+    it are read, the torn line is said, and appending goes on after it."""
+    from trainplan.measure.records import append_record
+    rec = measured[0]
+    f = tmp_path / "r.jsonl"
+    append_record(rec, f)
+    whole = f.read_text()
+    f.write_text(whole + whole[: len(whole) // 2])
+    said: list[str] = []
+    assert len(read_records(f, said)) == 1
+    assert said and "line 2" in said[0] and "unfinished" in said[0]
+    append_record(rec, f)                     # starts a line of its own after the torn one
+    said.clear()
+    assert len(read_records(f, said)) == 2 and len(said) == 1
+    f.write_text(whole + "{not a record}\n")     # closed but not JSON: still an error
+    with pytest.raises(TrainplanError, match="line 2 is not JSON"):
+        read_records(f)

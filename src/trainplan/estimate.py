@@ -23,6 +23,13 @@ class Estimate:
     max_batch_size: int | None        # largest micro-batch that fits (None: not searched / 1 fails)
     max_batch_size_with_margin: int | None = None   # largest that fits with the band (bands.py)
 
+    @property
+    def notes(self) -> list[str]:
+        """What the numbers rest on: the trace's notes, then the step time's (CPU offload, the
+        host CPU, the input pipeline, the algorithm's phases), each once."""
+        time_notes = self.evaluation.time.notes if self.evaluation.time is not None else ()
+        return list(dict.fromkeys([*self.evaluation.trace.notes, *time_notes]))
+
     def __getattr__(self, name):      # job, accel, trace, memory, time, findings, fits ...
         if name.startswith("__"):
             raise AttributeError(name)
@@ -100,7 +107,7 @@ def to_json(est: Estimate) -> dict:
         "kernel_semantics": {"attention": tr.semantics.attention,
                              "autocast_dtype": tr.semantics.autocast_dtype},
         "findings": [f.to_dict() for f in est.findings],
-        "notes": list(tr.notes),
+        "notes": est.notes,
         "step_time_s": t.step_time_s,
         "algorithm": job.algorithm,
         "step_phases_s": est.step_phases_s,

@@ -306,6 +306,12 @@ def _lora(lora, source: str) -> Lora:
     for k, v in (("alpha", alpha), ("dropout", dropout)):
         if not _is_number(v):
             raise _shape_error(f"{source}: lora", k, "a number", v, f"{k}: 0.05")
+    if not alpha > 0:
+        raise _shape_error(f"{source}: lora", "alpha", "a positive number (peft scales each "
+                           "adapter by alpha / rank)", alpha, f"alpha: {2 * rank}")
+    if not 0 <= dropout < 1:
+        raise _shape_error(f"{source}: lora", "dropout", "a number in [0, 1)", dropout,
+                           "dropout: 0.05")
     if isinstance(targets, list) and all(isinstance(t, str) for t in targets):
         targets = ",".join(targets)
     if not isinstance(targets, str):

@@ -211,6 +211,15 @@ def validate(job: Job) -> Job:
     if job.lora is not None:
         if job.lora.rank < 1:
             raise TrainplanError(f"--lora-rank must be >= 1, got {job.lora.rank}.")
+        if not job.lora.alpha > 0:      # peft scales the adapter by alpha / rank
+            raise TrainplanError(f"--lora-alpha must be a positive number, got {job.lora.alpha:g}: "
+                                 "peft scales each adapter's output by alpha / rank, so 0 "
+                                 "switches the adapters off and a negative alpha flips them.",
+                                 fix=f"--lora-alpha {2 * job.lora.rank} (twice the rank, a "
+                                     "common choice), or leave it out (32)")
+        if not 0 <= job.lora.dropout < 1:
+            raise TrainplanError(f"LoRA dropout must be in [0, 1), got {job.lora.dropout:g}.",
+                                 fix="lora: {dropout: 0.05} in the job file (peft's examples)")
     if job.strategy is SINGLE and job.gpus > 1:
         job = job.with_(strategy=DDP)
     if job.model.startswith("py:") and not job.inputs:

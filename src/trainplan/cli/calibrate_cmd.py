@@ -46,7 +46,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
         files = args.records or [str(default_records_path())]
         records = []
         for f in files:
-            for i, rec in enumerate(read_records(f), start=1):
+            for i, rec in enumerate(read_records(f, skipped), start=1):
                 ok, why = cal.usable(rec)
                 if ok:
                     records.append(rec)

@@ -60,6 +60,11 @@ def trace_for(args):
 
 
 def inspect_command(args: argparse.Namespace) -> int:
+    if args.depth < 0:            # before anything is traced
+        raise TrainplanError(f"--depth must be 0 or more, got {args.depth}: how many levels of "
+                             "modules the table shows below the model (0: the total alone).",
+                             fix="--depth 3 (the default), or --depth 1 for the top-level "
+                                 "modules")
     job, accel, tr, stored = trace_for(args)
     from ..report.inspect_report import inspect_json, inspect_text
     if args.format == "json":

@@ -190,20 +190,30 @@ def append_record(rec: dict, path: str | Path | None = None) -> Path:
     return path
 
 
-def read_records(path: str | Path | None = None) -> list[dict]:
-    """All records of a JSON-lines file, each checked; a bad line is an error naming it."""
+def read_records(path: str | Path | None = None, skipped: list[str] | None = None) -> list[dict]:
+    """All records of a JSON-lines file, each checked; a bad line is an error naming it. A line
+    that opens a JSON object and never closes it is a record a killed run left half-written
+    (`append_record` writes each record and its newline in one write, so only a kill inside
+    that write leaves one; the next append starts a line of its own after it): it is left out,
+    and said in `skipped` where given."""
     path = Path(path).expanduser() if path else default_records_path()
     if not path.exists():
         raise TrainplanError(f"No measurements at {path}.",
                              fix="run `trainplan measure JOB` on the machine first (or pass "
                                  "--records FILE)")
     out = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    for i, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
+            if line.lstrip().startswith("{") and not line.rstrip().endswith("}"):
+                if skipped is not None:
+                    skipped.append(f"{path} line {i}: a record left unfinished (its run was "
+                                   "stopped while writing it)")
+                continue
             raise TrainplanError(f"{path} line {i} is not JSON: {e.msg}.",
                                  fix="delete the broken line") from None
         out.append(check_record(rec, f"{path} line {i}"))

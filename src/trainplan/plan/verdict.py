@@ -21,6 +21,7 @@ from ..strategy import DP
 from ..units import fmt_bytes, fmt_int, fmt_seconds, fmt_usd
 from .result import READY, READY_WITH_CHANGES, RETIRED, TIGHT, WONT_FIT, CheckItem
 from ..predict.memory import FITS, NO_FIT, TIGHT as TIGHT_FIT
+from ..predict.offload import NOTE as OFFLOAD_NOTE
 
 
 def batch_change(job, cfg, devices: int, target: int) -> str | None:
@@ -68,6 +69,8 @@ def assess(platform, job, cfg, changes: list[str], sessions, storage, cost, step
                                        "traced micro-batches (every allocation and op is affine in "
                                        "the batch: the same numbers as a trace)"))
     items.append(CheckItem("info", f"step time rests on {cfg.evaluation.calibration['text']}"))
+    items.extend(CheckItem("info", n) for n in cfg.evaluation.time.notes
+                 if n.startswith(OFFLOAD_NOTE))
     if not p.is_current:
         verdict = RETIRED
     elif fail:

@@ -86,7 +86,8 @@ def _all_to_all_s(job, accel, meta) -> float:
 
 
 def _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float, list]:
-    """The data-parallel strategy's collectives (see `_comm`)."""
+    """The data-parallel strategy's collectives (`exposed_comm` says what each exposes); no host
+    overhead of their own (the second value, 0)."""
     strat, notes = job.strategy, []
     k = max(1, int(job.grad_accum))
     grads = meta["gradient_bytes"]

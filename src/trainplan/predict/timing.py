@@ -34,7 +34,8 @@ synchronisation before the optimizer step. The fitted parameters come from
 never saw (leave-one-source-out and leave-one-GPU-out) in validation/results/time_validation.md.
 
 One optimizer step = the queue over grad_accum micro-batches and the optimizer + exposed
-communication (comm.py) + data wait. The input pipeline (`input_pipeline`) delivers workers x
+communication (comm.py) + data wait; under CPU offload the update is the host's and the
+host-link copies not hidden under compute count as communication (offload.py). The input pipeline (`input_pipeline`) delivers workers x
 samples_per_s_per_worker and overlaps the step when it has workers.
 """
 from __future__ import annotations
@@ -52,6 +53,7 @@ from ..trace.shapes import GEMM_INTS, NHWC
 from . import kernels
 from .comm import DEVICES_PER_NODE, exposed_comm
 from .host import step_queue
+from .offload import offload_time
 from .optable import BACKWARD, FORWARD, OPTIMIZER, PHASES, OpTable, summarize
 from .time_params import TimeParams, bundled
 
@@ -371,15 +373,20 @@ def estimate_step_time(trace, accel, job, calibration: TimeParams | None = None,
     memory_mb = float(np.sum(td[mb & ~cbound]))
     t_fwd = q.forward.seconds
     t_bwd = max(0.0, q.micro_batch.seconds - t_fwd)
-    opt = q.optimizer.device_s
+    offloaded = offload_time(job, accel, meta, n, t_fwd, t_bwd, cpu_cores)
+    # with the optimizer state offloaded the device runs no update kernels: the host does
+    opt = 0.0 if offloaded.replaces_device_update else q.optimizer.device_s
     if job.precision.loss_scaling:
         # GradScaler.unscale_: one foreach pass reads and writes every gradient
         # (_amp_foreach_non_finite_check_and_unscale_), bandwidth-bound
         opt += 2 * meta["gradient_bytes"] / (accel.memory_bandwidth_bytes_per_s * p.bw_eff)
     if job.strategy.shards_optimizer and n > 1:
         opt /= n                                            # each rank updates its shard
+    opt += offloaded.update_s
     host_exposed = q.exposed_host_s
     comm, extra, notes = exposed_comm(job, accel, meta, n, t_fwd, t_bwd)
+    comm += offloaded.link_s
+    notes = notes + offloaded.notes
     if host_speed != 1.0:
         notes.append(f"the host CPU issues kernels at {host_speed:.2f}x the reference host's "
                      "single-thread speed (data/host_cpus.csv)")

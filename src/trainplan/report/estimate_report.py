@@ -66,7 +66,7 @@ def estimate_text(est) -> None:
         colour = {"error": "red", "warning": "yellow"}.get(f.severity, "cyan")
         c.print(f"[{colour}]{f.severity}[/{colour}]: {escape(f.message)}"
                 + (f"  -> {escape(f.fix)}" if f.fix else ""))
-    for n in tr.notes:
+    for n in est.notes:
         c.print(f"note: {escape(fmt_note(n))}")
 
 
