@@ -85,6 +85,21 @@ def test_offloaded_parameters_are_fetched_per_micro_batch(step):
     assert any("fetched from the host 2 times" in n for n in both.notes)
 
 
+def test_fsdp_offload_runs_torchs_update_on_the_host_and_fetches_the_parameters(step):
+    """FSDP's CPU offload keeps parameters, gradients and the update on the host whatever is
+    asked: torch.optim's single-tensor loop, slower than CPUAdam by the measured ratio."""
+    zero = _time(step, cores=2, offload="optimizer+params", strategy="zero3", gpus=2)
+    fsdp = _time(step, cores=2, offload="optimizer", strategy="fsdp", gpus=2)
+    ratio = DATA["cpu_adam_params_per_s_per_core"] / DATA["torch_adam_params_per_s_per_core"]
+    assert fsdp.breakdown_s["optimizer"] == pytest.approx(zero.breakdown_s["optimizer"] * ratio)
+    note = next(n for n in fsdp.notes if n.startswith(offload.NOTE))
+    assert "torch.optim on FSDP's CPU offload" in note and "fetched from the host 2 times" in note
+    # the memory bound scales with the loop's extra passes too
+    many = 10_000
+    assert offload.cpu_adam_params_per_s(many, fused=False) == pytest.approx(
+        offload.cpu_adam_params_per_s(many) / ratio)
+
+
 @pytest.mark.parametrize("link, per_direction", [
     ("pcie3 x16", 16 * 8e9 * 128 / 130 / 8), ("pcie4 x16", 16 * 16e9 * 128 / 130 / 8),
     ("pcie5 x16", 16 * 32e9 * 128 / 130 / 8), ("pcie4 x8", 8 * 16e9 * 128 / 130 / 8)])

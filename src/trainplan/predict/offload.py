@@ -28,6 +28,12 @@ checkpointed block's recomputation) fetches the rank's W / N parameter bytes hos
 before the all-gather, prefetched under the compute: what exceeds the micro-batch's forward and
 backward is exposed.
 
+PyTorch FSDP's CPU offload (`CPUOffload(offload_params=True)`, what accelerate's and torchtune's
+offload flags set, export/) keeps the parameters, their gradients and the optimizer on the host
+whatever is asked: the parameters are fetched as above, the gradients copied down after each
+reduce-scatter, and the update is torch.optim's own on CPU tensors (its single-tensor loop, the
+default there: `torch_adam_params_per_s_per_core`), the parameters updated in place on the host.
+
 Links: PCIe lanes x the generation's rate per lane x the measured fraction of it a pinned copy
 reaches (0.88: S02's PCIe 5 x16 H2D, 55.43 of 63.0 GB/s), per direction; NVLink-C2C (GB200) at
 its per-direction rate. Not modelled: DeepSpeed's delayed parameter update (`"ds_dpu"`, off by
@@ -41,6 +47,7 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 
+from ..strategy import FSDP
 from .comm import DEVICES_PER_NODE
 
 
@@ -66,11 +73,15 @@ def host_link_bytes_per_s(accel) -> tuple[float, str]:
     return lanes["pcie4"] * 16 * d["pcie_efficiency"], f"{link or 'unknown link'} taken as pcie4 x16"
 
 
-def cpu_adam_params_per_s(cores_per_rank: float) -> float:
-    """Parameters a rank's CPUAdam updates a second with `cores_per_rank` cores (docstring)."""
+def cpu_adam_params_per_s(cores_per_rank: float, fused: bool = True) -> float:
+    """Parameters a rank's Adam update on the host runs through a second with `cores_per_rank`
+    cores (module docstring): DeepSpeed's CPUAdam (`fused`), else torch.optim's single-tensor
+    loop, whose memory bound is lower by the ratio of the two per-core rates."""
     d = _data()
-    return min(max(1.0, cores_per_rank) * d["cpu_adam_params_per_s_per_core"],
-               d["cpu_adam_params_per_s_max"])
+    fast = d["cpu_adam_params_per_s_per_core"]
+    per_core = fast if fused else d["torch_adam_params_per_s_per_core"]
+    return min(max(1.0, cores_per_rank) * per_core,
+               d["cpu_adam_params_per_s_max"] * per_core / fast)
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,7 @@ def offload_time(job, accel, meta: dict, n: int, t_fwd: float, t_bwd: float,
     off = job.offload
     if not off.states:
         return Offloaded()
+    fsdp = job.strategy is FSDP       # CPUOffload: parameters, gradients and update on the host
     shards = n if job.strategy.shards_optimizer else 1
     ranks_here = min(n, DEVICES_PER_NODE)
     if cpu_cores:
@@ -100,21 +112,25 @@ def offload_time(job, accel, meta: dict, n: int, t_fwd: float, t_bwd: float,
     else:
         cores, whose = _data()["reference_cores_per_device"], "the reference host's"
     params = meta["params_trainable"] / shards
-    update = params / cpu_adam_params_per_s(cores)
+    update = params / cpu_adam_params_per_s(cores, fused=not fsdp)
     link, how = host_link_bytes_per_s(accel)
     k = max(1, int(job.grad_accum))
-    b = job.precision.compute_bytes       # DeepSpeed's engine runs the model in this dtype
-    grads = params * b
+    # DeepSpeed's engine runs the model in the compute dtype; FSDP keeps its flat parameters and
+    # their gradients on the host as stored (fp32 under AMP)
+    b = job.precision.compute_bytes
+    grads = meta["gradient_bytes"] / shards if fsdp else params * b
     exposed = k * max(0.0, grads / link - t_bwd)              # device -> host, under backward
     passes = 0
-    if off.params:
+    if off.params or fsdp:
         passes = 3 if job.grad_checkpointing != "none" else 2
         # the engine's weights: cast to its dtype, 4-bit storage keeping its bytes
-        weights = min(meta["weight_bytes"], meta["params_total"] * b) / max(1, n)
+        weights = (meta["weight_bytes"] if fsdp else
+                   min(meta["weight_bytes"], meta["params_total"] * b)) / max(1, n)
         exposed += k * max(0.0, passes * weights / link - (t_fwd + t_bwd))
-    else:
-        exposed += grads / link                           # the updated partition back, serial
-    notes = [f"{NOTE}the optimizer update runs on the host (DeepSpeed CPUAdam, "
+    else:                          # the updated partition back, serial (DeepSpeed stage 1-2)
+        exposed += grads / link
+    runs = "torch.optim on FSDP's CPU offload" if fsdp else "DeepSpeed CPUAdam"
+    notes = [f"{NOTE}the optimizer update runs on the host ({runs}, "
              f"{params / 1e6:,.0f}M parameters per process on {cores:g} of {whose} cores: "
              f"{update * 1e3:,.0f} ms), copies over {how} at {link / 1e9:.1f} GB/s"]
     if passes:
