@@ -70,7 +70,8 @@ def host_link_bytes_per_s(accel) -> tuple[float, str]:
     lanes = d["pcie_lane_bytes_per_s"]
     if m and f"pcie{m.group(1)}" in lanes:
         return lanes[f"pcie{m.group(1)}"] * int(m.group(2)) * d["pcie_efficiency"], link
-    return lanes["pcie4"] * 16 * d["pcie_efficiency"], f"{link or 'unknown link'} taken as pcie4 x16"
+    return (lanes["pcie4"] * 16 * d["pcie_efficiency"],
+            f"{link or 'unknown link'} taken as pcie4 x16")
 
 
 def cpu_adam_params_per_s(cores_per_rank: float, fused: bool = True) -> float:

@@ -35,8 +35,9 @@ never saw (leave-one-source-out and leave-one-GPU-out) in validation/results/tim
 
 One optimizer step = the queue over grad_accum micro-batches and the optimizer + exposed
 communication (comm.py) + data wait; under CPU offload the update is the host's and the
-host-link copies not hidden under compute count as communication (offload.py). The input pipeline (`input_pipeline`) delivers workers x
-samples_per_s_per_worker and overlaps the step when it has workers.
+host-link copies not hidden under compute count as communication (offload.py). The input
+pipeline (`input_pipeline`) delivers workers x samples_per_s_per_worker and overlaps the step
+when it has workers.
 """
 from __future__ import annotations
 
