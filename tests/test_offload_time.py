@@ -51,6 +51,14 @@ def test_offloaded_update_replaces_the_devices_optimizer_kernels(step):
     assert any("CPU offload" in n and "CPUAdam" in n for n in off.notes)
 
 
+def test_a_step_the_host_update_dominates_is_offload_bound(step, monkeypatch):
+    """On a host a thousand times slower the tiny model's update outweighs its kernels."""
+    slow = dict(DATA, cpu_adam_params_per_s_per_core=PER_CORE / 1000)
+    monkeypatch.setattr(offload, "_data", lambda: slow)
+    assert _time(step, cores=1, offload="optimizer").bound == "offload"
+    assert _time(step, cores=1).bound != "offload"
+
+
 def test_fewer_host_cores_make_the_update_slower_until_memory_bounds_it(step):
     one, four = (_time(step, cores=c, offload="optimizer").breakdown_s["optimizer"]
                  for c in (1, 4))

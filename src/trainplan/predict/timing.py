@@ -406,7 +406,8 @@ def estimate_step_time(trace, accel, job, calibration: TimeParams | None = None,
     peak = _mfu_peak(accel, job.precision, table)
     mfu = meta["model_flops"] * k / step / peak if peak else None
     kinds = {"compute": breakdown["compute"], "memory": breakdown["memory_bound"]
-             + breakdown["overhead"] + opt, "communication": comm, "data": data_wait}
+             + breakdown["overhead"] + opt - offloaded.update_s, "communication": comm,
+             "data": data_wait, "offload": offloaded.update_s}     # the host's update
     return StepTime(step, breakdown, samples, samples * tps if tps else None, mfu,
                     max(kinds, key=kinds.get), XLA_COMPILE_S if accel.kind == "tpu" else None,
                     n, notes, forward_s=t_fwd)
