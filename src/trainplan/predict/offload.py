@@ -62,16 +62,17 @@ def _data() -> dict:
 def host_link_bytes_per_s(accel) -> tuple[float, str]:
     """(bytes/s per direction a pinned copy reaches between host and device, how it was read)."""
     d = _data()
-    link = accel.host_link.lower()
+    given = accel.host_link
+    link = given.lower()
     for name, rate in d["link_bytes_per_s"].items():
         if not name.startswith("_") and link.startswith(name):
-            return rate, link
+            return rate, given
     m = re.match(r"pcie(\d)\s*x(\d+)", link)
     lanes = d["pcie_lane_bytes_per_s"]
     if m and f"pcie{m.group(1)}" in lanes:
-        return lanes[f"pcie{m.group(1)}"] * int(m.group(2)) * d["pcie_efficiency"], link
+        return lanes[f"pcie{m.group(1)}"] * int(m.group(2)) * d["pcie_efficiency"], given
     return (lanes["pcie4"] * 16 * d["pcie_efficiency"],
-            f"{link or 'unknown link'} taken as pcie4 x16")
+            f"{given or 'unknown link'} taken as pcie4 x16")
 
 
 def cpu_adam_params_per_s(cores_per_rank: float, fused: bool = True) -> float:
