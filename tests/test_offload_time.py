@@ -159,3 +159,23 @@ def test_a_plan_with_offload_times_the_host_update_on_the_platforms_cores(capsys
     assert code == 0, err
     assert "CPU offload: the optimizer update runs on the host" in out
     assert "on 2 of the platform's cores" in out
+
+
+@pytest.mark.parametrize("strategy, gpus, level, runs", [
+    ("single", 1, "optimizer", "zero2"), ("ddp", 2, "optimizer", "zero2"),
+    ("dp", 2, "optimizer", "zero2"), ("zero2", 1, "optimizer+params", "zero3"),
+    ("zero1", 2, "optimizer", None), ("zero2", 1, "optimizer", None),
+    ("fsdp", 2, "optimizer", None), ("zero3", 2, "optimizer+params", None)])
+def test_offload_is_planned_under_the_launcher_that_runs_it(strategy, gpus, level, runs):
+    """DeepSpeed's offload_optimizer is ZeRO's (stages 1-3), offload_param stage 3's; FSDP has
+    its own. Under DDP, DataParallel or one plain device the plan runs it as the fix ladder's
+    offload rungs do (plan/fixes.py `_offload`)."""
+    from trainplan.predict import compat
+    job = validate(Job(model="hf:openai-community/gpt2", gpus=gpus, strategy=strategy,
+                       offload=level))
+    adapted, changes = compat.adapt(job, get_accelerator("t4"))
+    if runs is None:
+        assert not any("CPU offload" in c for c in changes)
+    else:
+        assert adapted.strategy.name == runs
+        assert any("CPU offload" in c and "--strategy" not in c for c in changes)

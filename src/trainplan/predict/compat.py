@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from ..accelerators import Accelerator
 from ..errors import TrainplanError
 from ..precision import BF16_AMP, FP16_AMP, FP8_AO_TENSORWISE, FP8_TE_CURRENT
-from ..strategy import DDP, DP, SINGLE
+from ..strategy import DDP, DP, SINGLE, ZERO2, ZERO3
 from ..trace.semantics import ROCM_EXPERIMENTAL_SDPA
 from ..units import fmt_bytes, fmt_gib
 from .findings import Finding
@@ -61,6 +61,17 @@ def _gpu(accel) -> bool:
 
 def _bnb(job) -> bool:
     return job.quantize.bnb or job.optimizer.bnb
+
+
+def _offloaded(job) -> str:
+    return "optimizer state and parameters" if job.offload.params else "optimizer state"
+
+
+def _offload_strategy(job):
+    """The launcher an offload runs under (rule `offload-needs-zero`): ZeRO-3 for the
+    parameters (DeepSpeed's offload_param is stage 3's), else ZeRO-2, as the fix ladder's
+    offload rungs choose (plan/fixes.py `_offload`)."""
+    return ZERO3 if job.offload.params else ZERO2
 
 
 def offloaded_optimizer(job):
@@ -135,6 +146,16 @@ RULES: tuple[Rule, ...] = (
          lambda j, a: f"CPU offload is a DeepSpeed (CUDA) feature; {a.id} cannot run it.",
          lambda j, a: "drop --offload",
          lambda j, a: j.with_(offload="none"), fatal=True),
+    Rule("offload-needs-zero", "error",
+         lambda j, a: j.offload != "none" and (not j.strategy.sharded or (
+             j.offload.params and not j.strategy.shards_weights)),
+         lambda j, a: f"CPU offload of the {_offloaded(j)} runs under DeepSpeed "
+                      f"{'ZeRO-3' if j.offload.params else 'ZeRO (stages 1-3)'} or FSDP; "
+                      f"{j.strategy.label} has none: planned as "
+                      f"{_offload_strategy(j).label}.",
+         lambda j, a: f"--strategy {_offload_strategy(j)} (one GPU is enough for "
+                      "ZeRO-Offload)",
+         lambda j, a: j.with_(strategy=_offload_strategy(j))),
     Rule("offload-runs-cpu-adam", "error",
          lambda j, a: j.offload.states and j.optimizer.bnb,
          lambda j, a: f"ZeRO-Offload steps on the CPU with DeepSpeed's CPU Adam: accelerate "
