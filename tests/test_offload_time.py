@@ -174,8 +174,26 @@ def test_offload_is_planned_under_the_launcher_that_runs_it(strategy, gpus, leve
     job = validate(Job(model="hf:openai-community/gpt2", gpus=gpus, strategy=strategy,
                        offload=level))
     adapted, changes = compat.adapt(job, get_accelerator("t4"))
+    said = [c for c in changes if "runs under DeepSpeed" in c]
     if runs is None:
-        assert not any("CPU offload" in c for c in changes)
+        assert not said and adapted.strategy.name == strategy
     else:
-        assert adapted.strategy.name == runs
-        assert any("CPU offload" in c and "--strategy" not in c for c in changes)
+        assert adapted.strategy.name == runs and said
+
+
+def test_fsdp_offload_is_of_the_parameters_too():
+    """FSDP has no offload of the optimizer state alone (accelerate's fsdp_offload_params moves
+    the parameters, gradients and update): --offload optimizer under FSDP is planned as what
+    runs, and the fix ladder's offload rung for an FSDP job offers that, under FSDP."""
+    from trainplan.plan.fixes import RUNGS
+    from trainplan.predict import compat
+    job = validate(Job(model="hf:openai-community/gpt2", gpus=2, strategy="fsdp",
+                       offload="optimizer"))
+    adapted, changes = compat.adapt(job, get_accelerator("t4"))
+    assert adapted.offload == "optimizer+params" and adapted.strategy.name == "fsdp"
+    assert any("FSDP has no offload of the optimizer state alone" in c for c in changes)
+    plain = validate(Job(model="hf:openai-community/gpt2", gpus=2, strategy="fsdp"))
+    step = RUNGS["offload-optimizer"](plain, get_accelerator("t4"), 2)
+    assert step.job.offload == "optimizer+params" and step.job.strategy.name == "fsdp"
+    assert "FSDP's CPUOffload" in step.title
+    assert RUNGS["offload-params"](step.job, get_accelerator("t4"), 2) is None

@@ -49,7 +49,7 @@ from ..optimizer import ADAM, ADAMW, ADAMW_8BIT, PAGED_ADAMW_8BIT, parse_offload
 from ..precision import BF16_AMP, FP16_AMP, Precision
 from ..predict.compat import offloaded_optimizer
 from ..spec import Lora
-from ..strategy import ZERO2, ZERO3, Strategy
+from ..strategy import FSDP, ZERO2, ZERO3, Strategy
 
 MIN_SEQ_LEN = 64
 
@@ -270,17 +270,20 @@ def _offload(level: str):
     refuses one (predict/compat.py `offload-runs-cpu-adam`); so an 8-bit or paged AdamW kept by
     an earlier rung gives way to AdamW, what runs."""
     def rung(job, accel, devices, trace=None):
-        if job.offload.order >= parse_offload(level).order:
+        fsdp = job.strategy is FSDP        # FSDP's CPU offload moves the parameters too
+        want = "optimizer+params" if fsdp else level
+        if job.offload.order >= parse_offload(want).order:
             return None
-        stage = ZERO3 if level == "optimizer+params" else (
+        stage = job.strategy if fsdp else ZERO3 if want == "optimizer+params" else (
             job.strategy if job.strategy.shards_gradients else ZERO2)
-        what = "optimizer state" if level == "optimizer" else "optimizer state and parameters"
-        title = f"CPU offload of the {what} (ZeRO-Offload)"
+        what = "optimizer state" if want == "optimizer" else "optimizer state and parameters"
+        title = f"CPU offload of the {what} " + ("(FSDP's CPUOffload)" if fsdp else
+                                                 "(ZeRO-Offload)")
         runs = offloaded_optimizer(job)
         swap = {} if runs is job.optimizer else {"optimizer": runs}
         if swap:
             title += f", {runs.label} on the CPU in place of {job.optimizer}"
-        return _step(f"offload-{level.split('+')[-1]}", title, job, offload=level,
+        return _step(f"offload-{level.split('+')[-1]}", title, job, offload=want,
                      strategy=stage, **swap, **_engine_cast(job))
     return rung
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from ..accelerators import Accelerator
 from ..errors import TrainplanError
 from ..precision import BF16_AMP, FP16_AMP, FP8_AO_TENSORWISE, FP8_TE_CURRENT
-from ..strategy import DDP, DP, SINGLE, ZERO2, ZERO3
+from ..strategy import DDP, DP, FSDP, SINGLE, ZERO2, ZERO3
 from ..trace.semantics import ROCM_EXPERIMENTAL_SDPA
 from ..units import fmt_bytes, fmt_gib
 from .findings import Finding
@@ -156,6 +156,15 @@ RULES: tuple[Rule, ...] = (
          lambda j, a: f"--strategy {_offload_strategy(j)} (one GPU is enough for "
                       "ZeRO-Offload)",
          lambda j, a: j.with_(strategy=_offload_strategy(j))),
+    Rule("fsdp-offloads-parameters", "error",
+         lambda j, a: j.strategy is FSDP and j.offload == "optimizer",
+         lambda j, a: "FSDP's CPU offload (CPUOffload(offload_params=True), accelerate's "
+                      "fsdp_offload_params) moves the parameters and gradients to the host with "
+                      "the optimizer state; FSDP has no offload of the optimizer state alone: "
+                      "planned as --offload optimizer+params.",
+         lambda j, a: "--offload optimizer+params (what FSDP runs), or --strategy zero2 to "
+                      "offload the optimizer state alone",
+         lambda j, a: j.with_(offload="optimizer+params")),
     Rule("offload-runs-cpu-adam", "error",
          lambda j, a: j.offload.states and j.optimizer.bnb,
          lambda j, a: f"ZeRO-Offload steps on the CPU with DeepSpeed's CPU Adam: accelerate "
