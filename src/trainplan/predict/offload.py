@@ -36,8 +36,9 @@ default there: `torch_adam_params_per_s_per_core`), the parameters updated in pl
 
 Links: PCIe lanes x the generation's rate per lane x the measured fraction of it a pinned copy
 reaches (0.88: S02's PCIe 5 x16 H2D, 55.43 of 63.0 GB/s), per direction; NVLink-C2C (GB200) at
-its per-direction rate. Not modelled: DeepSpeed's delayed parameter update (`"ds_dpu"`, off by
-default), which overlaps the update with the next step's forward and backward; NVMe offload.
+its per-direction rate. Not modelled: the paper's delayed parameter update (DPU), which overlaps
+the update with the next step's forward and backward (not DeepSpeed's default schedule); NVMe
+offload; several processes' updates contending for one host's memory beyond `r_max` each.
 """
 from __future__ import annotations
 
