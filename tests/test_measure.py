@@ -434,3 +434,14 @@ def test_a_record_left_half_written_is_skipped_and_said(tmp_path, measured):
     f.write_text(whole + "{not a record}\n")     # closed but not JSON: still an error
     with pytest.raises(TrainplanError, match="line 2 is not JSON"):
         read_records(f)
+    # killed inside the first record: the next run appends after it
+    first = tmp_path / "first.jsonl"
+    first.write_text(whole[: len(whole) // 2])
+    append_record(rec, first)
+    assert len(read_records(first)) == 1
+    # a pretty-printed JSON document is not mistaken for one
+    doc = tmp_path / "doc.json"
+    doc.write_text('{\n  "accuracy": 0.9\n}\n')
+    with pytest.raises(TrainplanError, match="not a file of trainplan measurements"):
+        append_record(rec, doc)
+    assert doc.read_text() == '{\n  "accuracy": 0.9\n}\n'

@@ -153,7 +153,9 @@ def check_records_file(path: str | Path | None = None) -> Path:
     if not path.is_file() or path.stat().st_size == 0:
         return path
     with path.open(encoding="utf-8", errors="replace") as f:
-        first = next((line for line in f if line.strip()), "")
+        first = next((line for line in f if line.strip() and not _torn(line)), None)
+    if first is None:            # only a record a killed run left half-written
+        return path
     try:
         check_record(json.loads(first), f"{path} line 1")
     except (json.JSONDecodeError, TrainplanError, TypeError, AttributeError):
@@ -162,6 +164,14 @@ def check_records_file(path: str | Path | None = None) -> Path:
                              fix="give --out a new file, or the records file of earlier runs"
                              ) from None
     return path
+
+
+def _torn(line: str) -> bool:
+    """A record a killed run left half-written: a JSON object's first key opened (a record is
+    one line, `{"` first) and never closed. A pretty-printed JSON document's first line, `{`
+    alone, is not one."""
+    line = line.strip()
+    return line.startswith('{"') and not line.endswith("}")
 
 
 def append_record(rec: dict, path: str | Path | None = None) -> Path:
@@ -209,7 +219,7 @@ def read_records(path: str | Path | None = None, skipped: list[str] | None = Non
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
-            if line.lstrip().startswith("{") and not line.rstrip().endswith("}"):
+            if _torn(line):
                 if skipped is not None:
                     skipped.append(f"{path} line {i}: a record left unfinished (its run was "
                                    "stopped while writing it)")
