@@ -224,3 +224,27 @@ def test_a_job_files_lora_out_of_range_names_the_file(capsys, tmp_path, lora, sa
     code, err = run(capsys, "estimate", str(job), "--gpu", "t4")
     assert code == 2 and "Traceback" not in err
     assert f"{job}: lora: {said}" in err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--model", "timm:resnet18", "--seq-len", "128"],
+     "timm:resnet18 is a vision model: it reads images, not token sequences"),
+    (["--model", "hf:openai-community/gpt2", "--image-size", "224"],
+     "is a decoder model: it reads text, not images"),
+])
+def test_a_setting_the_model_cannot_read_is_refused(capsys, argv, said):
+    """A convnet's step used to print 'x 128 tokens'; a text model took --image-size silently."""
+    code, err = run(capsys, "estimate", "--gpu", "t4", *argv)
+    assert code == 2 and "Traceback" not in err
+    assert said in err and "To fix: drop --" in err
+
+
+def test_a_capacity_factor_for_a_dense_model_is_warned(capsys):
+    import json
+    code = main(["estimate", "--model", "hf:openai-community/gpt2", "--gpu", "t4",
+                 "--moe-capacity-factor", "2", "--seq-len", "64", "--format", "json"])
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert code == 0
+    (f,) = [f for f in findings if "capacity factor" in f["message"]]
+    assert f["severity"] == "warning" and "no mixture-of-experts layers to route" in f["message"]
+    assert f["fix"] == "drop --moe-capacity-factor"

@@ -53,6 +53,7 @@ def build_model(job, attention: str = "efficient") -> ModelBundle:
             allowed="--algorithm sft for this model; grpo, dpo and ppo for causal (or "
                     "vision-language) models",
             fix="use --algorithm sft, or a causal LM")
+    _check_inputs_used(job, bundle)
     per_sample = sequences_per_sample(job.algorithm)
     if per_sample > 1:
         one = bundle.make_inputs
@@ -62,6 +63,28 @@ def build_model(job, attention: str = "efficient") -> ModelBundle:
         bundle.notes.append(f"{job.algorithm}: each sample is {per_sample} sequences (chosen and "
                             "rejected, concatenated into one forward as TRL does)")
     return bundle
+
+
+def _check_inputs_used(job, bundle: ModelBundle) -> None:
+    """A sequence length for a model that reads images only, or an image size for one that reads
+    text only, sets nothing the model runs: said as bad input, not planned as if it did (a
+    convnet's step printed "x 128 tokens")."""
+    article = "an" if bundle.kind[0] in "aeiou" else "a"
+    if bundle.kind == "vision" and job.seq_len is not None:
+        raise TrainplanError(
+            f"{bundle.name} is {article} {bundle.kind} model: it reads images, not token "
+            f"sequences, so --seq-len {job.seq_len} sets nothing it runs.",
+            allowed="--image-size (and --images-per-sample) for an image model",
+            fix="drop --seq-len (seq_len in a job file)")
+    if bundle.kind not in ("vision", "vision-language", "custom") and \
+            job.image_size is not None:
+        raise TrainplanError(
+            f"{bundle.name} is {article} {bundle.kind} model: it reads text, not images, so "
+            f"--image-size {job.image_size} sets nothing it runs.",
+            allowed="--seq-len for a text model; --image-size for image and vision-language "
+                    "models",
+            fix="drop --image-size (image_size in a job file), or plan a vision-language "
+                "model")
 
 
 def _build(job, attention: str) -> ModelBundle:

@@ -170,6 +170,11 @@ def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
         findings.append(Finding("warning", f"expert parallelism ({job.expert_parallel}) asked, "
                                            "but the model has no mixture-of-experts layers",
                                 "drop --expert-parallel", kind="strategy"))
+    if job.moe_capacity_factor is not None and not tr.expert_param_bytes:
+        findings.append(Finding("warning", f"an expert capacity factor "
+                                           f"({job.moe_capacity_factor:g}) given, but the model "
+                                           "has no mixture-of-experts layers to route",
+                                "drop --moe-capacity-factor", kind="strategy"))
     if not mem.fits:
         findings.append(memory_finding(mem, accel))
     elif mem.tight:
