@@ -15,10 +15,11 @@ core gets, not its clock: a rate, not a speed ratio.
 import argparse
 import datetime
 import os
-import platform
 import time
 
 import torch
+
+from trainplan.measure.device import cpu_model
 
 
 def rate(n: int, impl: str, threads: int, repeat: int) -> float:
@@ -36,23 +37,13 @@ def rate(n: int, impl: str, threads: int, repeat: int) -> float:
     return n / best
 
 
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", type=int, default=50_000_000)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"{datetime.date.today()}  {cpu_name()}, {cores} cores, torch {torch.__version__}")
+    print(f"{datetime.date.today()}  {cpu_model()}, {cores} cores, torch {torch.__version__}")
     for impl in ("fused", "foreach", "loop"):
         for threads in sorted({1, cores}):
             r = rate(args.params, impl, threads, args.repeat)

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from trainplan.measure.device import cpu_model
+
 
 class _Count(TorchDispatchMode):
     def __init__(self):
@@ -112,7 +114,7 @@ def measure(repeat: int = 200, d: int = 8, blocks: int = 8) -> dict:
     per_inf = (t_inf - fwd_views * t_view) / fwd_kernels
     return {
         "date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or platform.machine(),
-        "cpu": _cpu_name(), "torch": torch.__version__, "repeat": repeat,
+        "cpu": cpu_model(), "torch": torch.__version__, "repeat": repeat,
         "forward_kernels": fwd_kernels, "forward_views": fwd_views,
         "backward_kernels": bwd_kernels,
         "forward_op_s": per_fwd, "inference_op_s": per_inf, "backward_op_s": t_bwd / bwd_kernels,
@@ -120,16 +122,6 @@ def measure(repeat: int = 200, d: int = 8, blocks: int = 8) -> dict:
         "ratios": {"backward": t_bwd / bwd_kernels / per_fwd, "inference": per_inf / per_fwd,
                    "view": t_view / per_fwd},
     }
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main() -> None:

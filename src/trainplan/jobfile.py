@@ -16,7 +16,7 @@ from . import campaign as camp_mod
 from . import precision as prec_mod
 from .errors import TrainplanError, unknown
 from .models.dims import TransformerDims
-from .spec import Job, Lora
+from .spec import Job, Lora, check_lora
 
 _FIELDS = {f.name for f in fields(Job)} - {"base_dir", "notes"}
 _DEFAULTS = {f.name: f.default for f in fields(Job)}
@@ -306,18 +306,14 @@ def _lora(lora, source: str) -> Lora:
     for k, v in (("alpha", alpha), ("dropout", dropout)):
         if not _is_number(v):
             raise _shape_error(f"{source}: lora", k, "a number", v, f"{k}: 0.05")
-    if not alpha > 0:
-        raise _shape_error(f"{source}: lora", "alpha", "a positive number (peft scales each "
-                           "adapter by alpha / rank)", alpha, f"alpha: {2 * rank}")
-    if not 0 <= dropout < 1:
-        raise _shape_error(f"{source}: lora", "dropout", "a number in [0, 1)", dropout,
-                           "dropout: 0.05")
     if isinstance(targets, list) and all(isinstance(t, str) for t in targets):
         targets = ",".join(targets)
     if not isinstance(targets, str):
         raise _shape_error(f"{source}: lora", "targets", "module names (a list or a,b,c)",
                            targets, "targets: [q_proj, v_proj]")
-    return Lora(rank=rank, alpha=float(alpha), targets=targets, dropout=float(dropout))
+    lora = Lora(rank=rank, alpha=float(alpha), targets=targets, dropout=float(dropout))
+    check_lora(lora, f"{source}: lora")        # named where the file wrote it
+    return lora
 
 
 def _flat_keys(data: dict, kw: dict, notes: list[str], source: str = "job") -> None:

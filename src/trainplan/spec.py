@@ -171,6 +171,26 @@ def check_steps(steps, where: str = "--steps") -> None:
                              "--epochs with --dataset-size)")
 
 
+def check_lora(lora: Lora, where: str | None = None) -> None:
+    """LoRA's alpha and dropout in range, said as the flags (`where` None) or as the job file's
+    `where` ('job.yaml: lora') names them. peft scales each adapter's output by alpha / rank:
+    0 switches the adapters off and a negative alpha flips them."""
+    if not lora.alpha > 0:
+        raise TrainplanError(
+            f"{where + ': alpha' if where else '--lora-alpha'} must be a positive number, got "
+            f"{lora.alpha:g}: peft scales each adapter's output by alpha / rank, so 0 switches "
+            "the adapters off and a negative alpha flips them.",
+            fix=f"write it like `alpha: {2 * lora.rank}`" if where else
+                f"--lora-alpha {2 * lora.rank} (twice the rank, a common choice), or leave it "
+                "out (32)")
+    if not 0 <= lora.dropout < 1:
+        raise TrainplanError(
+            f"{where + ': dropout' if where else 'LoRA dropout'} must be a number in [0, 1), got "
+            f"{lora.dropout:g}.",
+            fix="write it like `dropout: 0.05`" if where else
+                "lora: {dropout: 0.05} in the job file (peft's examples)")
+
+
 def validate(job: Job) -> Job:
     """Check every setting; normalise aliases. Raises TrainplanError naming the bad setting."""
     job = job.with_(model=normalize_model_ref(job.model))   # `path/config.json` -> `hf:path/...`
@@ -211,15 +231,7 @@ def validate(job: Job) -> Job:
     if job.lora is not None:
         if job.lora.rank < 1:
             raise TrainplanError(f"--lora-rank must be >= 1, got {job.lora.rank}.")
-        if not job.lora.alpha > 0:      # peft scales the adapter by alpha / rank
-            raise TrainplanError(f"--lora-alpha must be a positive number, got {job.lora.alpha:g}: "
-                                 "peft scales each adapter's output by alpha / rank, so 0 "
-                                 "switches the adapters off and a negative alpha flips them.",
-                                 fix=f"--lora-alpha {2 * job.lora.rank} (twice the rank, a "
-                                     "common choice), or leave it out (32)")
-        if not 0 <= job.lora.dropout < 1:
-            raise TrainplanError(f"LoRA dropout must be in [0, 1), got {job.lora.dropout:g}.",
-                                 fix="lora: {dropout: 0.05} in the job file (peft's examples)")
+        check_lora(job.lora)
     if job.strategy is SINGLE and job.gpus > 1:
         job = job.with_(strategy=DDP)
     if job.model.startswith("py:") and not job.inputs:

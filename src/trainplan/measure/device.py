@@ -76,13 +76,13 @@ def describe_device(dev: torch.device) -> DeviceInfo:
         idx = dev.index if dev.index is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(idx)
         return DeviceInfo("cuda", idx, props.name, int(props.total_memory),
-                          f"{props.major}.{props.minor}", _nvml_driver(), _host_cpu(_cpu_model()))
-    model = _cpu_model()
+                          f"{props.major}.{props.minor}", _nvml_driver(), _host_cpu(cpu_model()))
+    model = cpu_model()
     return DeviceInfo("cpu", None, f"{model} ({torch.get_num_threads()} threads used)",
                       None, None, None, _host_cpu(model))
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     """'AMD EPYC 7B13' from /proc/cpuinfo where there is one, else what `platform` says."""
     name = platform.processor() or platform.machine()
     try:

@@ -40,16 +40,20 @@ class ModelBundle:
     lora_roles: dict[str, tuple[str, ...]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def described(self) -> str:
+        """'a decoder model', 'an encoder-decoder model': its kind in a sentence."""
+        return f"{'an' if self.kind[0] in 'aeiou' else 'a'} {self.kind} model"
+
 
 def build_model(job, attention: str = "efficient") -> ModelBundle:
     """The model named in `job.model`, `attention` the target's kernel; a sample holds as many
     sequences as the algorithm runs through the policy (DPO: chosen and rejected, algorithm.py)."""
     bundle = _build(job, attention)
     if job.algorithm != "sft" and bundle.kind not in ("decoder", "vision-language", "custom"):
-        article = "an" if bundle.kind[0] in "aeiou" else "a"
         raise TrainplanError(
             f"{job.algorithm.upper()} trains a language model on the log-probabilities of the "
-            f"sequences it scores; {bundle.name} is {article} {bundle.kind} model.",
+            f"sequences it scores; {bundle.name} is {bundle.described}.",
             allowed="--algorithm sft for this model; grpo, dpo and ppo for causal (or "
                     "vision-language) models",
             fix="use --algorithm sft, or a causal LM")
@@ -69,17 +73,16 @@ def _check_inputs_used(job, bundle: ModelBundle) -> None:
     """A sequence length for a model that reads images only, or an image size for one that reads
     text only, sets nothing the model runs: said as bad input, not planned as if it did (a
     convnet's step printed "x 128 tokens")."""
-    article = "an" if bundle.kind[0] in "aeiou" else "a"
     if bundle.kind == "vision" and job.seq_len is not None:
         raise TrainplanError(
-            f"{bundle.name} is {article} {bundle.kind} model: it reads images, not token "
+            f"{bundle.name} is {bundle.described}: it reads images, not token "
             f"sequences, so --seq-len {job.seq_len} sets nothing it runs.",
             allowed="--image-size (and --images-per-sample) for an image model",
             fix="drop --seq-len (seq_len in a job file)")
     if bundle.kind not in ("vision", "vision-language", "custom") and \
             job.image_size is not None:
         raise TrainplanError(
-            f"{bundle.name} is {article} {bundle.kind} model: it reads text, not images, so "
+            f"{bundle.name} is {bundle.described}: it reads text, not images, so "
             f"--image-size {job.image_size} sets nothing it runs.",
             allowed="--seq-len for a text model; --image-size for image and vision-language "
                     "models",

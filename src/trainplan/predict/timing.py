@@ -383,7 +383,7 @@ def estimate_step_time(trace, accel, job, calibration: TimeParams | None = None,
         opt += 2 * meta["gradient_bytes"] / (accel.memory_bandwidth_bytes_per_s * p.bw_eff)
     if job.strategy.shards_optimizer and n > 1:
         opt /= n                                            # each rank updates its shard
-    opt += offloaded.update_s
+    host_update = offloaded.update_s                        # the host's, in its place
     host_exposed = q.exposed_host_s
     comm, extra, notes = exposed_comm(job, accel, meta, n, t_fwd, t_bwd)
     comm += offloaded.link_s
@@ -391,7 +391,7 @@ def estimate_step_time(trace, accel, job, calibration: TimeParams | None = None,
     if host_speed != 1.0:
         notes.append(f"the host CPU issues kernels at {host_speed:.2f}x the reference host's "
                      "single-thread speed (data/host_cpus.csv)")
-    step = k * (compute_mb + memory_mb) + opt + host_exposed + comm + extra
+    step = k * (compute_mb + memory_mb) + opt + host_update + host_exposed + comm + extra
     data_wait = 0.0
     pipe = input_pipeline(job, n, accel, cpu_cores)
     if pipe is not None:
@@ -400,14 +400,14 @@ def estimate_step_time(trace, accel, job, calibration: TimeParams | None = None,
         step += data_wait
         notes.extend(pipe.notes)
     breakdown = {"compute": k * compute_mb, "memory_bound": k * memory_mb, "communication": comm,
-                 "optimizer": opt, "data_wait": data_wait, "overhead": host_exposed + extra}
+                 "optimizer": opt + host_update, "data_wait": data_wait, "overhead": host_exposed + extra}
     samples = meta["batch_size"] * k * n / step
     tps = meta["tokens_per_sample"]
     peak = _mfu_peak(accel, job.precision, table)
     mfu = meta["model_flops"] * k / step / peak if peak else None
     kinds = {"compute": breakdown["compute"], "memory": breakdown["memory_bound"]
-             + breakdown["overhead"] + opt - offloaded.update_s, "communication": comm,
-             "data": data_wait, "offload": offloaded.update_s}     # the host's update
+             + breakdown["overhead"] + opt, "communication": comm, "data": data_wait,
+             "offload": host_update}
     return StepTime(step, breakdown, samples, samples * tps if tps else None, mfu,
                     max(kinds, key=kinds.get), XLA_COMPILE_S if accel.kind == "tpu" else None,
                     n, notes, forward_s=t_fwd)

@@ -96,8 +96,7 @@ def trace_forward(job, sem: KernelSemantics, batch: int, new_tokens: int,
                             "language model; the vision tower's pass on them is not timed here "
                             "(the training step traces it)")
     if bundle.kind != "decoder":
-        article = "an" if bundle.kind[0] in "aeiou" else "a"
-        raise TrainplanError(f"{bundle.name} is {article} {bundle.kind} model; generation needs "
+        raise TrainplanError(f"{bundle.name} is {bundle.described}; generation needs "
                              "a decoder-only language model.", fix="pick a causal LM")
     prepare_model(job, bundle)  # dtype, LoRA adapters (TRL generates with them unmerged)
     model = bundle.module.eval()
