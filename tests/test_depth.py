@@ -93,6 +93,7 @@ def test_cut_trace_gives_the_full_step(name):
     # and every row's FLOPs: each block's backward is its own (tracer.py `_Tracker`), so the
     # copies of the last traced block are the full trace's blocks
     _same_flops(cut_ev.trace, full.trace)
+    _same_table(cut_ev.trace)
     assert cut_ev.memory.required_bytes == pytest.approx(full.memory.required_bytes, rel=0.001)
     # the largest trainable tensor (ZeRO's and offload's buffers), read off the cut trace's
     # module table (predict/sharding.py), is the full trace's
@@ -224,6 +225,23 @@ def test_one_block_more_is_read_off_the_last_one(name):
     assert [(m.name, m.params, m.trainable_params, m.activation_bytes) for m in more.modules] == \
         [(m.name, m.params, m.trainable_params, m.activation_bytes) for m in real.modules]
     _same_flops(more, real)
+
+
+def _same_table(tr) -> None:
+    """The stitched trace's op table, made off its parts (stitch.py `ops_parts`: the list is not
+    made), is the one its op list gives, array for array, in the order the step runs."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from trainplan.predict.optable import summarize
+    assert tr.derived.ops_parts is not None
+    listed = replace(tr, ops=list(tr.ops))        # its own derived: no parts, no table
+    assert listed.derived.ops_parts is None
+    mine, theirs = summarize(tr), summarize(listed)
+    for col in mine.COLS + ("seq", "seq_host"):
+        assert np.array_equal(getattr(mine, col), getattr(theirs, col)), col
+    assert len(mine.seq) == sum(r.flops > 0 or r.bytes > 0 for r in tr.ops)
 
 
 def _same_flops(mine, theirs) -> None:

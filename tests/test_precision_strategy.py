@@ -56,3 +56,21 @@ def test_readme_lists_every_accepted_spelling():
     text = README.read_text()
     for name, spellings, meaning in P.spellings_table():
         assert f"| {name} | {spellings} | {meaning} |" in text, name
+
+
+def test_a_job_changed_with_with_is_the_one_replace_builds():
+    """Job.with_ (thousands a plan) builds what dataclasses.replace does: the parsed fields
+    parsed from any spelling, the rest as given, equal and of equal hash; an unknown field is
+    refused as replace refuses it."""
+    from dataclasses import replace
+    job = Job(model="hf:meta-llama/Llama-3.2-1B", seq_len=128, precision="bf16-amp")
+    for kw in ({"precision": "fp16-mixed"}, {"optimizer": "adamw-8bit", "batch_size": 4},
+               {"strategy": "zero3", "offload": "optimizer"}, {"quantize": "nf4"},
+               {"grad_checkpointing": "full", "gpus": 2}):
+        mine, theirs = job.with_(**kw), replace(job, **kw)
+        assert mine == theirs and hash(mine) == hash(theirs) and repr(mine) == repr(theirs)
+        assert mine.precision is theirs.precision and mine.strategy is theirs.strategy
+    assert job.with_(precision="fp16-mixed").precision.name == "fp16-amp"
+    assert job.precision.name == "bf16-amp"                 # the original unchanged
+    with pytest.raises(TypeError, match="bogus"):
+        job.with_(bogus=1)

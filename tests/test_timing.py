@@ -471,3 +471,36 @@ def test_op_table_puts_repeated_records_back_block_after_block():
     assert [int(h) for h in table.seq_host] == [0, 1, 0, 2, 1, 0, 2, 1, 0, 0,
                                                 0, 0, 0, 0, 0, 0, 0]
     assert summarize(tr) is table                          # kept on the trace
+
+
+def test_a_table_timed_again_is_read_from_its_memo_and_only_for_the_same_inputs():
+    """timing.py `_timed` keeps each table's device times and queue per accelerator, precision,
+    parameters and queue settings: the same step time as made afresh, another calibration's
+    parameters or another accelerator never served, and at most MEMO_ENTRIES kept (a fit times
+    one table under thousands of parameter sets)."""
+    from dataclasses import replace
+
+    from trainplan.predict.optable import MEMO_ENTRIES
+    tr, a100, t4 = trace("fp16-amp", 16), get_accelerator("a100-80gb"), get_accelerator("t4")
+    table = summarize(tr)
+    table.memo.timed.clear()
+    first = step("a100-80gb")
+    assert len(table.memo.timed) == 1
+    again = step("a100-80gb")
+    assert len(table.memo.timed) == 1 and again == first
+    fresh = estimate_step_time(replace(tr, ops=list(tr.ops)), a100, job())   # no memo at all
+    assert fresh == first
+    # the arrays kept are read-only: no reader may change what another reads
+    t_dev = next(iter(table.memo.timed.values()))[3][0]
+    with pytest.raises(ValueError):
+        t_dev[0] = 0.0
+    # other parameters (a calibration), another accelerator: made, not read
+    other = replace(bundled(), bw_eff=bundled().bw_eff * 0.5)
+    slower = estimate_step_time(tr, a100, job(), calibration=other)
+    assert slower.step_time_s > first.step_time_s
+    assert step("t4").step_time_s != first.step_time_s
+    assert len(table.memo.timed) == 3
+    for i in range(MEMO_ENTRIES + 5):
+        estimate_step_time(tr, t4, job(), calibration=replace(bundled(), bw_eff=0.5 + i / 1000))
+    assert len(table.memo.timed) == MEMO_ENTRIES
+    assert step("a100-80gb") == first

@@ -13,7 +13,7 @@ flags, with `_` for `-`) and also the seeds' own config shape:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from . import algorithm as algo_mod
@@ -104,12 +104,9 @@ class Job:
 
     def __post_init__(self):
         """Precision, strategy, quantisation, optimizer and offload are parsed here, once,
-        whatever spelling built the job."""
-        object.__setattr__(self, "precision", prec_mod.parse(self.precision))
-        object.__setattr__(self, "quantize", quant_mod.parse(self.quantize))
-        object.__setattr__(self, "strategy", strat_mod.parse(self.strategy))
-        object.__setattr__(self, "optimizer", opt_mod.parse(self.optimizer))
-        object.__setattr__(self, "offload", opt_mod.parse_offload(self.offload))
+        whatever spelling built the job (`_PARSED`)."""
+        for name, parse in _PARSED.items():
+            object.__setattr__(self, name, parse(getattr(self, name)))
 
     @property
     def model_label(self) -> str:
@@ -133,7 +130,26 @@ class Job:
         return self.checkpoint_impl == "reentrant"
 
     def with_(self, **kw) -> "Job":
-        return replace(self, **kw)
+        """This job with the fields named changed, as dataclasses.replace makes it (the parsed
+        fields parsed, an unknown name refused), without running __init__ over every field: a
+        plan over every platform makes thousands (Llama-3.2-1B's: 8,068, 0.3 s of a 3.4 s warm
+        plan, profiled 2026-12-03)."""
+        if not kw.keys() <= _FIELDS:
+            return replace(self, **kw)       # its TypeError names the field
+        new = object.__new__(Job)
+        attrs = new.__dict__
+        attrs.update(self.__dict__)
+        for name, value in kw.items():
+            parse = _PARSED.get(name)
+            attrs[name] = value if parse is None else parse(value)
+        return new
+
+
+# the fields a Job parses from any spelling on construction (Job.__post_init__)
+_PARSED = {"precision": prec_mod.parse, "quantize": quant_mod.parse,
+           "strategy": strat_mod.parse, "optimizer": opt_mod.parse,
+           "offload": opt_mod.parse_offload}
+_FIELDS = frozenset(f.name for f in fields(Job))
 
 
 def _choice(name: str, value, allowed) -> None:

@@ -38,6 +38,13 @@ class TableMemo:
     mfu_peak: dict[tuple, float | None] = field(default_factory=dict)
     issue: object | None = None                                   # host._Issue
     sync: np.ndarray | None = None                                # host.sync_mask
+    # timing.py `_timed`: each unique op's device time and the step's queue, per accelerator,
+    # precision, parameters and queue settings (a plan times one table on every platform with
+    # that accelerator; a fit under thousands of parameter sets: at most MEMO_ENTRIES kept)
+    timed: dict[tuple, tuple] = field(default_factory=dict)
+
+
+MEMO_ENTRIES = 64
 
 
 @dataclass
@@ -99,32 +106,48 @@ class OpTable:
                    **ints)
 
 
-def _in_order(ops: list) -> tuple[list, list]:
-    """(`ops` as a step runs them, each record once where it first appears): a record that
-    appears more than once (a cut trace's last block, repeated for the blocks left out:
-    trace/derive/stitch.py) keeps its first place, and its copies run after the last repeated
-    record of its phase, block after block (module docstring). A repeated record is the same
-    object: counted by its identity within `ops`. Walks the distinct records only (an
-    80-block model's stitched step holds ~150 of them 77 times): the lists are made by list
-    and dict operations, not a loop over every record."""
-    ids = list(map(id, ops))
-    times = Counter(ids)
-    if len(times) == len(ids):
-        return ops, ops
-    distinct = list(dict(zip(ids, ops)).values())
-    out = list(distinct)
+def _in_order(ops: list, parts: tuple | None = None) -> tuple[np.ndarray, list]:
+    """(the step's order as indices into `distinct`, `distinct`: each record once, where it
+    first appears in `ops`): a record that appears more than once (a cut trace's last block,
+    repeated for the blocks left out: trace/derive/stitch.py) keeps its first place, and its
+    copies run after the last repeated record of its phase, block after block (module
+    docstring). A repeated record is the same object: counted by its identity within `ops`.
+
+    `parts` (a stitched trace's, stitch.py `TraceDerived.ops_parts`): `ops` as (base, block,
+    k), the list base + block x k, whose block records are base's own; read as that list
+    without making it (an 80-block model's stitched step holds ~150 records 77 times: the
+    distinct records are walked, the order is made by numpy)."""
+    if parts is not None:
+        base, block, k = parts
+        ids = list(map(id, base))
+        times = Counter(ids)
+        if any(id(o) not in times for o in block):
+            return _in_order(base + block * k)
+        for o in block:
+            times[id(o)] += k
+        listed = base
+    else:
+        ids = list(map(id, ops))
+        times = Counter(ids)
+        if len(times) == len(ids):
+            return np.arange(len(ids), dtype=np.int64), list(ops)
+        listed = ops
+    distinct = list(dict(zip(ids, listed)).values())
     runs, after = {}, {}
     for pos, o in enumerate(distinct):
-        if times[id(o)] > 1:
-            runs.setdefault(o.phase, []).append(o)
+        extra = times[id(o)] - 1
+        if extra > 0:
+            runs.setdefault(o.phase, []).append((pos, extra))
             after[o.phase] = pos + 1
-    for phase in sorted(after, key=after.get, reverse=True):    # later places first
-        run = runs[phase]
-        n = [times[id(o)] - 1 for o in run]
-        copies = run * n[0] if min(n) == max(n) else \
-            [o for c in range(max(n)) for o, k in zip(run, n) if c < k]
-        out[after[phase]:after[phase]] = copies
-    return out, distinct
+    pieces, start = [], 0
+    for phase in sorted(after, key=after.get):     # each phase's copies at its place
+        pos, n = (np.array(x, dtype=np.int64) for x in zip(*runs[phase]))
+        pieces.append(np.arange(start, after[phase], dtype=np.int64))
+        pieces.append(np.tile(pos, int(n[0])) if n.min() == n.max() else
+                      np.concatenate([pos[n > c] for c in range(int(n.max()))]))
+        start = after[phase]
+    pieces.append(np.arange(start, len(distinct), dtype=np.int64))
+    return np.concatenate(pieces), distinct
 
 
 def summarize(trace) -> OpTable:
@@ -135,16 +158,15 @@ def summarize(trace) -> OpTable:
         return trace
     if trace.derived.op_table is not None:
         return trace.derived.op_table
-    ordered, distinct = _in_order(trace.ops)
+    # a stitched trace's ops as its parts: the list need not be made
+    order, distinct = _in_order(trace.ops, trace.derived.ops_parts)
     index: dict[tuple, int] = {}
     keys: list[tuple] = []
-    of_record: dict[int, int] = {}          # id(record) -> its row, -1 for one with no work
-    host: dict[int, int] = {}
-    for o in distinct:
-        i = id(o)
-        host[i] = getattr(o, "host_ops", 0)
+    of_record = np.full(len(distinct), -1, dtype=np.int64)   # its row, -1 for one with no work
+    host = np.fromiter((getattr(o, "host_ops", 0) for o in distinct), dtype=np.int64,
+                       count=len(distinct))
+    for j, o in enumerate(distinct):
         if o.flops == 0 and o.bytes == 0:
-            of_record[i] = -1
             continue
         key = (o.name, FAMILIES.index(o.family), DTYPES.get(o.dtype, 3),
                PHASES.index(o.phase), "convolution" in o.name, float(o.flops),
@@ -154,12 +176,11 @@ def summarize(trace) -> OpTable:
         if row is None:
             row = index[key] = len(keys)
             keys.append(key)
-        of_record[i] = row
-    ids = list(map(id, ordered))
-    every = np.fromiter(map(of_record.__getitem__, ids), dtype=np.int64, count=len(ids))
+        of_record[j] = row
+    every = of_record[order]
     worked = every >= 0
     seq = every[worked]
-    seq_host = np.fromiter(map(host.__getitem__, ids), dtype=np.int64, count=len(ids))[worked]
+    seq_host = host[order][worked]
     counts = np.bincount(seq, minlength=len(keys))
     if not keys:
         keys, counts = [("none", 2, 3, 0, False, 0.0, 0.0, 0, ())], [0]

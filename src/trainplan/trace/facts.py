@@ -103,6 +103,8 @@ class TraceDerived:
     # this trace with one block more (`extend`), made once: (made?, the trace or None)
     more: tuple[bool, Trace | None] = (False, None)
     op_table: object | None = None         # predict/optable.py `summarize`
+    # a stitched trace: its ops as [base, block, k], the list base + block x k (stitch.py)
+    ops_parts: list | None = None
     family: bytes | None = None            # derive/interpolate.py `family_key`
 
     def share_replays(self, src: TraceDerived) -> None:

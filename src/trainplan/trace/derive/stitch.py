@@ -129,7 +129,10 @@ def stitch(lo: Trace, hi: Trace, tagged: Trace | None = None) -> Trace | None:
     def line(x0, x1):
         return max(0.0, x0 + f * (x1 - x0))
 
-    def whole_ops() -> list:
+    @functools.cache
+    def parts() -> list:
+        """[the larger cut's ops with the grown ones on their line, the block's ops, L - n]:
+        the whole step's ops are the first and L - n times the second."""
         new, pairs = delta
         grown = {id(b): a for a, b in pairs}  # this call's pairs: the record object is the key
         ops = []
@@ -139,12 +142,16 @@ def stitch(lo: Trace, hi: Trace, tagged: Trace | None = None) -> Trace | None:
                 r = r.copied(flops=line(a.flops, r.flops), bytes=line(a.bytes, r.bytes),
                              shape=on_line(a.shape, r.shape, f))
             ops.append(r)
+        return [ops, list(new), L - n]
+
+    def whole_ops() -> list:
         # the same records, not copies: nothing changes a trace's records in place (who derives
         # one copies it first: interpolate.py, twins.relabel), and an 80-block model repeats
         # ~150 of them 76 times, which copying would make the costliest part of a warm plan;
-        # the op table puts them back in place by their identity (optable.py `_in_order`)
-        ops.extend(new * (L - n))
-        return ops
+        # the op table puts them back in place by their identity (optable.py `_in_order`),
+        # reading the parts without this list
+        base, block, k = parts()
+        return base + block * k
 
     extended = hi.derived.extended
     out = replace(
@@ -168,6 +175,7 @@ def stitch(lo: Trace, hi: Trace, tagged: Trace | None = None) -> Trace | None:
         out = _peaks_replayed(out, tagged, L)
     out.derived.repeats = rep
     out.derived.whole_of = tagged
+    out.derived.ops_parts = Lazy(parts)
     return out
 
 
