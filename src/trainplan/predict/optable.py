@@ -23,6 +23,7 @@ import numpy as np
 PHASES = ("forward", "backward", "optimizer")
 FORWARD, BACKWARD, OPTIMIZER = range(len(PHASES))     # OpTable.phase codes
 FAMILIES = ("matmul", "attention", "other")
+_PHASE, _FAMILY = ({v: i for i, v in enumerate(t)} for t in (PHASES, FAMILIES))
 DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2,          # others (int, bool, "") -> 3
           "float8_e4m3fn": 4, "float8_e5m2": 4, "float8_e4m3fnuz": 4, "float8_e5m2fnuz": 4}
 
@@ -168,8 +169,8 @@ def summarize(trace) -> OpTable:
     for j, o in enumerate(distinct):
         if o.flops == 0 and o.bytes == 0:
             continue
-        key = (o.name, FAMILIES.index(o.family), DTYPES.get(o.dtype, 3),
-               PHASES.index(o.phase), "convolution" in o.name, float(o.flops),
+        key = (o.name, _FAMILY[o.family], DTYPES.get(o.dtype, 3),
+               _PHASE[o.phase], "convolution" in o.name, float(o.flops),
                float(o.bytes), int(getattr(o, "group_channels", 0)),
                tuple(getattr(o, "shape", ())))
         row = index.get(key)
