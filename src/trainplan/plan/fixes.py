@@ -47,7 +47,7 @@ from ..algorithm import KEYS as ROLLOUT_KEYS
 from ..named import Named
 from ..optimizer import ADAM, ADAMW, ADAMW_8BIT, PAGED_ADAMW_8BIT, parse_offload
 from ..precision import BF16_AMP, FP16_AMP, Precision
-from ..predict.compat import offloaded_optimizer
+from ..predict.compat import offload_run, offloaded_optimizer
 from ..spec import Lora
 from ..strategy import FSDP, ZERO2, ZERO3, Strategy
 
@@ -270,12 +270,16 @@ def _offload(level: str):
     refuses one (predict/compat.py `offload-runs-cpu-adam`); so an 8-bit or paged AdamW kept by
     an earlier rung gives way to AdamW, what runs."""
     def rung(job, accel, devices, trace=None):
-        fsdp = job.strategy is FSDP        # FSDP's CPU offload moves the parameters too
-        want = "optimizer+params" if fsdp else level
+        fsdp = job.strategy is FSDP
+        want = offload_run(job, level)     # FSDP's CPU offload moves the parameters too
         if job.offload.order >= parse_offload(want).order:
             return None
-        stage = job.strategy if fsdp else ZERO3 if want == "optimizer+params" else (
-            job.strategy if job.strategy.shards_gradients else ZERO2)
+        if fsdp:
+            stage = job.strategy
+        elif want == "optimizer+params":
+            stage = ZERO3
+        else:
+            stage = job.strategy if job.strategy.shards_gradients else ZERO2
         what = "optimizer state" if want == "optimizer" else "optimizer state and parameters"
         title = f"CPU offload of the {what} " + ("(FSDP's CPUOffload)" if fsdp else
                                                  "(ZeRO-Offload)")

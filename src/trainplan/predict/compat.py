@@ -74,6 +74,14 @@ def _offload_strategy(job):
     return ZERO3 if job.offload.params else ZERO2
 
 
+def offload_run(job, level: str) -> str:
+    """The offload the job's launcher runs when `level` is asked: FSDP's CPU offload
+    (CPUOffload(offload_params=True), accelerate's fsdp_offload_params) moves the parameters
+    with the optimizer state, it has none of the state alone (rule `fsdp-offloads-parameters`,
+    plan/fixes.py `_offload`); DeepSpeed runs either."""
+    return "optimizer+params" if job.strategy is FSDP and level == "optimizer" else level
+
+
 def offloaded_optimizer(job):
     """The optimizer that steps under ZeRO-Offload: AdamW (DeepSpeed's CPU Adam) in place of a
     bitsandbytes one, whose kernels do not run on the CPU (rule `offload-runs-cpu-adam`); the
@@ -164,7 +172,7 @@ RULES: tuple[Rule, ...] = (
                       "planned as --offload optimizer+params.",
          lambda j, a: "--offload optimizer+params (what FSDP runs), or --strategy zero2 to "
                       "offload the optimizer state alone",
-         lambda j, a: j.with_(offload="optimizer+params")),
+         lambda j, a: j.with_(offload=offload_run(j, "optimizer"))),
     Rule("offload-runs-cpu-adam", "error",
          lambda j, a: j.offload.states and j.optimizer.bnb,
          lambda j, a: f"ZeRO-Offload steps on the CPU with DeepSpeed's CPU Adam: accelerate "
