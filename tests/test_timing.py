@@ -473,6 +473,45 @@ def test_op_table_puts_repeated_records_back_block_after_block():
     assert summarize(tr) is table                          # kept on the trace
 
 
+def test_op_table_rows_are_those_of_keying_every_record():
+    """optable `_rows` tells records apart by their fields as they are, then keys each distinct
+    field tuple once: the same rows, in the same order, as keying every record (`_key`), where
+    raw fields that differ share a key (int64 and bool are both dtype code 3; 1 and 1.0 FLOPs
+    are one value), where records differ only outside the key (module, host ops), and where
+    records have no work; on a real trace too."""
+    from trainplan.predict.optable import _key, _records, _rows
+    from trainplan.trace.facts import OpRecord
+
+    def each(records):
+        index, keys, rows = {}, [], []
+        for o in records:
+            if o.flops == 0 and o.bytes == 0:
+                rows.append(-1)
+                continue
+            k = _key(o.name, o.family, o.dtype, o.phase, o.flops, o.bytes, o.group_channels,
+                     o.shape)
+            rows.append(index.setdefault(k, len(keys)))
+            if rows[-1] == len(keys):
+                keys.append(k)
+        return rows, keys
+
+    made = [OpRecord("sum", "other", "forward", 1.0, 8.0, "int64", "a"),
+            OpRecord("mm", "matmul", "forward", 4.0, 8.0, "float16", "a", shape=(2, 2, 2)),
+            OpRecord("sum", "other", "forward", 1, 8.0, "bool", "b", host_ops=3),
+            OpRecord("view", "other", "forward", 0.0, 0.0, "float32", "a"),
+            OpRecord("mm", "matmul", "forward", 4.0, 8.0, "float16", "b", shape=(2, 2, 2)),
+            OpRecord("mm", "matmul", "backward", 4.0, 8.0, "float16", "a", shape=(2, 2, 2)),
+            OpRecord("convolution", "matmul", "forward", 4.0, 8.0, "bfloat16", "c",
+                     group_channels=1)]
+    real = list(dict.fromkeys(trace("bf16-amp", 4).ops))
+    for records in (made, real):
+        of_record, keys = _rows(records, _records(records))
+        rows, expect = each(records)
+        assert of_record.tolist() == rows and keys == expect
+    assert _rows(made, True)[0].tolist() == [0, 1, 0, -1, 1, 2, 3]
+    assert _rows(made, False)[0].tolist() == [0, 1, 0, -1, 1, 2, 3]   # read by name
+
+
 def test_a_table_timed_again_is_read_from_its_memo_and_only_for_the_same_inputs():
     """timing.py `_timed` keeps each table's device times and queue per accelerator, precision,
     parameters and queue settings: the same step time as made afresh, another calibration's

@@ -25,7 +25,7 @@ import unicodedata
 from dataclasses import dataclass, field
 
 from ..errors import TrainplanError
-from ..plan.result import READY, READY_WITH_CHANGES, TIGHT
+from ..plan.result import READY, READY_WITH_CHANGES, TIGHT, plain
 from ..precision import Precision, parse as parse_precision
 from ..strategy import Strategy, parse as parse_strategy
 
@@ -241,10 +241,5 @@ def launch_from_plan(plan, pp, job, job_file: str | None = None, script: str = "
         output_file_limit=st.output_file_limit if st else None, keep_checkpoints=keep,
         changes=tuple(pp.changes), script=script, script_args=tuple(script_args),
         expandable_segments=rules_for(accel.backend, job.expandable_segments).expandable,
-        schema_version=plan.schema_version, plan_json=_plain(pp))
+        schema_version=plan.schema_version, plan_json=plain(pp))
 
-
-def _plain(pp) -> dict:
-    from dataclasses import asdict
-    from ..plan.result import _lists
-    return _lists(asdict(pp))

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
+
+from ..trace.facts import OpRecord
 
 PHASES = ("forward", "backward", "optimizer")
 FORWARD, BACKWARD, OPTIMIZER = range(len(PHASES))     # OpTable.phase codes
@@ -134,12 +137,15 @@ def _in_order(ops: list, parts: tuple | None = None) -> tuple[np.ndarray, list]:
             return np.arange(len(ids), dtype=np.int64), list(ops)
         listed = ops
     distinct = list(dict(zip(ids, listed)).values())
+    # how many more times each distinct record runs, read in C; only the repeated ones (a
+    # block's records) are walked
+    extra = np.fromiter(map(times.__getitem__, map(id, distinct)), dtype=np.int64,
+                        count=len(distinct)) - 1
     runs, after = {}, {}
-    for pos, o in enumerate(distinct):
-        extra = times[id(o)] - 1
-        if extra > 0:
-            runs.setdefault(o.phase, []).append((pos, extra))
-            after[o.phase] = pos + 1
+    for pos in np.flatnonzero(extra > 0).tolist():
+        phase = distinct[pos].phase
+        runs.setdefault(phase, []).append((pos, int(extra[pos])))
+        after[phase] = pos + 1
     pieces, start = [], 0
     for phase in sorted(after, key=after.get):     # each phase's copies at its place
         pos, n = (np.array(x, dtype=np.int64) for x in zip(*runs[phase]))
@@ -149,6 +155,51 @@ def _in_order(ops: list, parts: tuple | None = None) -> tuple[np.ndarray, list]:
         start = after[phase]
     pieces.append(np.arange(start, len(distinct), dtype=np.int64))
     return np.concatenate(pieces), distinct
+
+
+# an OpRecord's fields a table row is keyed on, as they are (trace/facts.py): name, family,
+# dtype, phase, FLOPs, bytes, channels per group, shape; and its host ops
+_RAW = itemgetter(*(OpRecord._fields.index(f) for f in (
+    "name", "family", "dtype", "phase", "flops", "bytes", "group_channels", "shape")))
+_HOST = itemgetter(OpRecord._fields.index("host_ops"))
+
+
+def _records(ops: list) -> bool:
+    """Whether every op is an OpRecord (a trace's; a test may time duck-typed ops)."""
+    return set(map(type, ops)) <= {OpRecord}
+
+
+def _key(name, family, dtype, phase, flops, nbytes, group_channels, shape) -> tuple:
+    """A table row's key: what the time model tells kernels apart by."""
+    return (name, _FAMILY[family], DTYPES.get(dtype, 3), _PHASE[phase],
+            "convolution" in name, float(flops), float(nbytes), int(group_channels),
+            tuple(shape))
+
+
+def _rows(distinct: list, records: bool) -> tuple[np.ndarray, list[tuple]]:
+    """(each record's row, -1 for one with no work; each row's key, in the order rows first
+    appear). OpRecords are told apart first by their fields as they are, in C (a stitched
+    step's table has ~2,000 records and a few hundred rows), and each distinct field tuple is
+    keyed once: the same rows in the same order as keying every record, since equal fields
+    make equal keys and a key first appears with the first record giving it. `records`:
+    whether every one is an OpRecord (`_records`), else its fields are read by name."""
+    raw = list(map(_RAW, distinct)) if records else [
+        (o.name, o.family, o.dtype, o.phase, o.flops, o.bytes, getattr(o, "group_channels", 0),
+         tuple(getattr(o, "shape", ()))) for o in distinct]
+    fields = dict.fromkeys(raw)
+    index: dict[tuple, int] = {}
+    keys: list[tuple] = []
+    for f in fields:
+        if f[4] == 0 and f[5] == 0:
+            fields[f] = -1
+            continue
+        key = _key(*f)
+        row = index.get(key)
+        if row is None:
+            row = index[key] = len(keys)
+            keys.append(key)
+        fields[f] = row
+    return np.fromiter(map(fields.__getitem__, raw), dtype=np.int64, count=len(raw)), keys
 
 
 def summarize(trace) -> OpTable:
@@ -161,23 +212,11 @@ def summarize(trace) -> OpTable:
         return trace.derived.op_table
     # a stitched trace's ops as its parts: the list need not be made
     order, distinct = _in_order(trace.ops, trace.derived.ops_parts)
-    index: dict[tuple, int] = {}
-    keys: list[tuple] = []
-    of_record = np.full(len(distinct), -1, dtype=np.int64)   # its row, -1 for one with no work
-    host = np.fromiter((getattr(o, "host_ops", 0) for o in distinct), dtype=np.int64,
+    records = _records(distinct)
+    of_record, keys = _rows(distinct, records)
+    host = np.fromiter(map(_HOST, distinct) if records else
+                       (getattr(o, "host_ops", 0) for o in distinct), dtype=np.int64,
                        count=len(distinct))
-    for j, o in enumerate(distinct):
-        if o.flops == 0 and o.bytes == 0:
-            continue
-        key = (o.name, _FAMILY[o.family], DTYPES.get(o.dtype, 3),
-               _PHASE[o.phase], "convolution" in o.name, float(o.flops),
-               float(o.bytes), int(getattr(o, "group_channels", 0)),
-               tuple(getattr(o, "shape", ())))
-        row = index.get(key)
-        if row is None:
-            row = index[key] = len(keys)
-            keys.append(key)
-        of_record[j] = row
     every = of_record[order]
     worked = every >= 0
     seq = every[worked]

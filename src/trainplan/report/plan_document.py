@@ -6,26 +6,17 @@ json` all render this one dict, and the HTML tags every number it shows with its
 """
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from ..plan.extras import ReportExtras
+from ..plan.result import plain
 
 
 def document(plan, extras: ReportExtras | None = None) -> dict:
     """The plan's JSON plus `memory_vs_micro_batch` and `catalog` (lists, possibly empty)."""
     extras = extras or ReportExtras()
     out = plan.to_json()
-    out["memory_vs_micro_batch"] = [_plain(asdict(c)) for c in extras.memory_curves]
-    out["catalog"] = [_plain(asdict(r)) for r in extras.catalog]
+    out["memory_vs_micro_batch"] = plain(extras.memory_curves)
+    out["catalog"] = plain(extras.catalog)
     return out
-
-
-def _plain(x):
-    if isinstance(x, dict):
-        return {k: _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    return x
 
 
 def resolve(doc: dict, path: str):

@@ -38,11 +38,13 @@ allocator replay's noise (5%).
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from dataclasses import replace
+from operator import itemgetter
 from typing import NamedTuple
 
-from ..facts import ModuleRow, Trace
+from ..facts import ModuleRow, OpRecord, Trace
 from ..lazy import Lazy
 from ..log import CATEGORIES, TraceLog, replay_log
 from ..shapes import on_line
@@ -50,6 +52,9 @@ from ..stack import HIGH, LOW
 from .interpolate import line_values
 from .peaks import whole_peaks
 from .repeat import repeats, whole_log
+
+
+_LAST_BLOCK = itemgetter(OpRecord._fields.index("last_block"))
 
 
 def _index_pattern(path: str) -> re.Pattern:
@@ -135,13 +140,13 @@ def stitch(lo: Trace, hi: Trace, tagged: Trace | None = None) -> Trace | None:
         the whole step's ops are the first and L - n times the second."""
         new, pairs = delta
         grown = {id(b): a for a, b in pairs}  # this call's pairs: the record object is the key
-        ops = []
-        for r in hi.ops:                  # the grown ops on their line, the rest as traced
-            a = grown.get(id(r))
-            if a is not None:
-                r = r.copied(flops=line(a.flops, r.flops), bytes=line(a.bytes, r.bytes),
-                             shape=on_line(a.shape, r.shape, f))
-            ops.append(r)
+        ops = list(hi.ops)                # the grown ops on their line, the rest as traced
+        if grown:
+            for i in [i for i, r in enumerate(map(id, ops)) if r in grown]:
+                r = ops[i]
+                a = grown[id(r)]
+                ops[i] = r.copied(flops=line(a.flops, r.flops), bytes=line(a.bytes, r.bytes),
+                                  shape=on_line(a.shape, r.shape, f))
         return [ops, list(new), L - n]
 
     def whole_ops() -> list:
@@ -275,19 +280,18 @@ def extend(hi: Trace) -> Trace | None:
     @functools.cache
     def made() -> tuple[list, list, list]:
         """The ops with one block more, the block's ops and the multi-tensor ops it grew."""
-        ops, more, grown = [], [], []
-        for r in hi.ops:
-            share = r.last_block
-            if share >= 1.0:
-                more.append(r)
-            elif share > 0.0:
-                # a multi-tensor op's list grows by the last block's tensors (trace/shapes.py)
-                shape = (r.shape[0] + r.shape[2],) + r.shape[1:] if len(r.shape) == 3 else \
-                    r.shape[:1] and (round(r.shape[0] * (1 + share)),) + r.shape[1:]
-                r0, r = r, r.copied(flops=r.flops * (1 + share), bytes=r.bytes * (1 + share),
-                                    last_block=share / (1 + share), shape=shape)
-                grown.append((r0, r))
-            ops.append(r)
+        ops = list(hi.ops)
+        shares = list(map(_LAST_BLOCK, ops))
+        more = list(itertools.compress(ops, [s >= 1.0 for s in shares]))
+        grown = []
+        for i in [i for i, s in enumerate(shares) if 0.0 < s < 1.0]:
+            r, share = ops[i], shares[i]
+            # a multi-tensor op's list grows by the last block's tensors (trace/shapes.py)
+            shape = (r.shape[0] + r.shape[2],) + r.shape[1:] if len(r.shape) == 3 else \
+                r.shape[:1] and (round(r.shape[0] * (1 + share)),) + r.shape[1:]
+            ops[i] = r.copied(flops=r.flops * (1 + share), bytes=r.bytes * (1 + share),
+                              last_block=share / (1 + share), shape=shape)
+            grown.append((r, ops[i]))
         return ops + more, more, grown
 
     pattern = _index_pattern(hi.stack.path)
