@@ -514,19 +514,27 @@ def test_op_table_rows_are_those_of_keying_every_record():
 
 def test_a_table_timed_again_is_read_from_its_memo_and_only_for_the_same_inputs():
     """timing.py `_timed` keeps each table's device times and queue per accelerator, precision,
-    parameters and queue settings: the same step time as made afresh, another calibration's
-    parameters or another accelerator never served, and at most MEMO_ENTRIES kept (a fit times
-    one table under thousands of parameter sets)."""
+    parameters and queue settings (and the device times alone, shared by every queue setting):
+    the same step time as made afresh, another calibration's parameters or another accelerator
+    never served, and at most MEMO_ENTRIES kept (a fit times one table under thousands of
+    parameter sets)."""
     from dataclasses import replace
 
     from trainplan.predict.optable import MEMO_ENTRIES
+    from trainplan.predict.timing import _timed
     tr, a100, t4 = trace("fp16-amp", 16), get_accelerator("a100-80gb"), get_accelerator("t4")
     table = summarize(tr)
     table.memo.timed.clear()
     first = step("a100-80gb")
-    assert len(table.memo.timed) == 1
+    assert len(table.memo.timed) == 2                      # the device times, and the queue
     again = step("a100-80gb")
-    assert len(table.memo.timed) == 1 and again == first
+    assert len(table.memo.timed) == 2 and again == first
+    # another host (a platform's CPU): the same device times, another queue
+    prec = job().precision
+    fast, slow = (_timed(table, a100, prec, bundled(), 1, speed, 1) for speed in (1.0, 0.25))
+    assert slow[0] is fast[0] and slow[2].micro_batch.host_s > fast[2].micro_batch.host_s
+    table.memo.timed.clear()
+    assert step("a100-80gb") == first
     fresh = estimate_step_time(replace(tr, ops=list(tr.ops)), a100, job())   # no memo at all
     assert fresh == first
     # the arrays kept are read-only: no reader may change what another reads
@@ -538,7 +546,7 @@ def test_a_table_timed_again_is_read_from_its_memo_and_only_for_the_same_inputs(
     slower = estimate_step_time(tr, a100, job(), calibration=other)
     assert slower.step_time_s > first.step_time_s
     assert step("t4").step_time_s != first.step_time_s
-    assert len(table.memo.timed) == 3
+    assert len(table.memo.timed) == 6
     for i in range(MEMO_ENTRIES + 5):
         estimate_step_time(tr, t4, job(), calibration=replace(bundled(), bw_eff=0.5 + i / 1000))
     assert len(table.memo.timed) == MEMO_ENTRIES

@@ -418,20 +418,40 @@ def _timed(table: OpTable, accel, precision: Precision, p: TimeParams, k: int,
     platform times each table on many platforms with the same accelerator (Llama-3.1-70B's:
     1,077 step times, 455 distinct device timings, 2026-12-03). An entry is one of the same
     accelerator (equal), the same parameters (the same object) and the same queue settings;
-    the arrays are read-only, as every reader treats them."""
+    the device times alone are kept too, for the accelerator, precision and parameters (the
+    queue settings, a platform's host CPU and devices, change only the queue); the arrays are
+    read-only, as every reader treats them."""
     memo = table.memo.timed
-    key = (accel.id, precision.name, id(p), k, host_speed, dp)
+    devices = (accel.id, precision.name, id(p))     # what the device times depend on
+    key = devices + (k, host_speed, dp)
+    hit = _memo_get(memo, key, accel, p, precision)
+    if hit is not None:
+        return hit
+    times = _memo_get(memo, devices, accel, p, precision)
+    if times is None:       # the device times, shared by every queue setting (platforms' hosts)
+        times = op_times(table, accel, precision, p)
+        times[0].flags.writeable = times[1].flags.writeable = False
+        _memo_put(memo, devices, accel, p, precision, times)
+    t_dev, cbound = times
+    out = (t_dev, cbound, step_queue(table, t_dev, p, k, host_speed, dp,
+                                     bool(precision.loss_scaling)))
+    _memo_put(memo, key, accel, p, precision, out)
+    return out
+
+
+def _memo_get(memo: dict, key: tuple, accel, p: TimeParams, precision: Precision):
+    """The entry kept under `key`, where it was made for an equal accelerator and precision and
+    the same parameters (`_timed`); else None."""
     hit = memo.get(key)
     if hit is not None and hit[1] is p and hit[0] == accel and hit[2] == precision:
         return hit[3]
-    t_dev, cbound = op_times(table, accel, precision, p)
-    t_dev.flags.writeable = cbound.flags.writeable = False
-    out = (t_dev, cbound, step_queue(table, t_dev, p, k, host_speed, dp,
-                                     bool(precision.loss_scaling)))
+    return None
+
+
+def _memo_put(memo: dict, key: tuple, accel, p: TimeParams, precision: Precision, value) -> None:
     if len(memo) >= MEMO_ENTRIES:
         memo.pop(next(iter(memo)))        # the oldest
-    memo[key] = (accel, p, precision, out)
-    return out
+    memo[key] = (accel, p, precision, value)
 
 
 def _mfu_peak(accel, precision: Precision, table: OpTable) -> float | None:
