@@ -479,7 +479,7 @@ def test_op_table_rows_are_those_of_keying_every_record():
     raw fields that differ share a key (int64 and bool are both dtype code 3; 1 and 1.0 FLOPs
     are one value), where records differ only outside the key (module, host ops), and where
     records have no work; on a real trace too."""
-    from trainplan.predict.optable import _key, _records, _rows
+    from trainplan.predict.optable import _key, _rows
     from trainplan.trace.facts import OpRecord
 
     def each(records):
@@ -505,11 +505,10 @@ def test_op_table_rows_are_those_of_keying_every_record():
                      group_channels=1)]
     real = list(dict.fromkeys(trace("bf16-amp", 4).ops))
     for records in (made, real):
-        of_record, keys = _rows(records, _records(records))
+        of_record, keys = _rows(records)
         rows, expect = each(records)
         assert of_record.tolist() == rows and keys == expect
-    assert _rows(made, True)[0].tolist() == [0, 1, 0, -1, 1, 2, 3]
-    assert _rows(made, False)[0].tolist() == [0, 1, 0, -1, 1, 2, 3]   # read by name
+    assert _rows(made)[0].tolist() == [0, 1, 0, -1, 1, 2, 3]
 
 
 def test_a_table_timed_again_is_read_from_its_memo_and_only_for_the_same_inputs():

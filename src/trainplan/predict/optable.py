@@ -164,11 +164,6 @@ _RAW = itemgetter(*(OpRecord._fields.index(f) for f in (
 _HOST = itemgetter(OpRecord._fields.index("host_ops"))
 
 
-def _records(ops: list) -> bool:
-    """Whether every op is an OpRecord (a trace's; a test may time duck-typed ops)."""
-    return set(map(type, ops)) <= {OpRecord}
-
-
 def _key(name, family, dtype, phase, flops, nbytes, group_channels, shape) -> tuple:
     """A table row's key: what the time model tells kernels apart by."""
     return (name, _FAMILY[family], DTYPES.get(dtype, 3), _PHASE[phase],
@@ -176,16 +171,13 @@ def _key(name, family, dtype, phase, flops, nbytes, group_channels, shape) -> tu
             tuple(shape))
 
 
-def _rows(distinct: list, records: bool) -> tuple[np.ndarray, list[tuple]]:
+def _rows(distinct: list) -> tuple[np.ndarray, list[tuple]]:
     """(each record's row, -1 for one with no work; each row's key, in the order rows first
     appear). OpRecords are told apart first by their fields as they are, in C (a stitched
     step's table has ~2,000 records and a few hundred rows), and each distinct field tuple is
     keyed once: the same rows in the same order as keying every record, since equal fields
-    make equal keys and a key first appears with the first record giving it. `records`:
-    whether every one is an OpRecord (`_records`), else its fields are read by name."""
-    raw = list(map(_RAW, distinct)) if records else [
-        (o.name, o.family, o.dtype, o.phase, o.flops, o.bytes, getattr(o, "group_channels", 0),
-         tuple(getattr(o, "shape", ()))) for o in distinct]
+    make equal keys and a key first appears with the first record giving it."""
+    raw = list(map(_RAW, distinct))
     fields = dict.fromkeys(raw)
     index: dict[tuple, int] = {}
     keys: list[tuple] = []
@@ -212,11 +204,8 @@ def summarize(trace) -> OpTable:
         return trace.derived.op_table
     # a stitched trace's ops as its parts: the list need not be made
     order, distinct = _in_order(trace.ops, trace.derived.ops_parts)
-    records = _records(distinct)
-    of_record, keys = _rows(distinct, records)
-    host = np.fromiter(map(_HOST, distinct) if records else
-                       (getattr(o, "host_ops", 0) for o in distinct), dtype=np.int64,
-                       count=len(distinct))
+    of_record, keys = _rows(distinct)
+    host = np.fromiter(map(_HOST, distinct), dtype=np.int64, count=len(distinct))
     every = of_record[order]
     worked = every >= 0
     seq = every[worked]

@@ -21,12 +21,11 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import replace
-from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
 
-from ..facts import ModuleRow, OpRecord, Trace
+from ..facts import ModuleRow, Trace
 from ..lazy import Lazy
 from ..log import Alloc, Event, TraceLog, phase_peaks_from_log
 from ..shapes import on_line
@@ -80,18 +79,6 @@ def line_values(x0: list[float], x1: list[float], f: float) -> np.ndarray:
     return np.maximum(0.0, a + f * (np.asarray(x1, dtype=np.float64) - a))
 
 
-_FLOPS, _BYTES = itemgetter(3), itemgetter(4)
-# `_on_line` copies a record by these positions
-assert OpRecord._fields[3:5] == ("flops", "bytes") and OpRecord._fields[10] == "shape"
-
-
-def _on_line(a: OpRecord, b: OpRecord, flops: float, nbytes: float, f: float) -> OpRecord:
-    """`a` with `flops`, `nbytes` and its shape on the line to `b`'s (`OpRecord.copied`,
-    unrolled: an interpolated trace copies each of its ~2,000 records)."""
-    shape = a.shape if a.shape == b.shape else on_line(a.shape, b.shape, f)
-    return tuple.__new__(OpRecord, a[:3] + (flops, nbytes) + a[5:10] + (shape,) + a[11:])
-
-
 def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False,
                   known: Peaks | None = None) -> Trace:
     """The trace at `batch`, lo.batch_size < batch < hi.batch_size, by affine interpolation (or,
@@ -115,15 +102,14 @@ def trace_between(lo: Trace, hi: Trace, batch: int, extrapolate: bool = False,
     def interpolated_ops() -> list:
         # every other field (name, dtype, module, recompute, convolution group size) is the
         # same in both traces (same_shape_family): each record is copied, its work changed
-        flops = line_values(list(map(_FLOPS, lo.ops)), list(map(_FLOPS, hi.ops)), f).tolist()
-        moved = line_values(list(map(_BYTES, lo.ops)), list(map(_BYTES, hi.ops)), f).tolist()
-        if len(set(map(id, lo.ops))) == len(lo.ops):      # each record once (a real trace)
-            return [_on_line(a, b, fl, by, f) for a, b, fl, by in zip(lo.ops, hi.ops, flops, moved)]
+        flops = line_values([o.flops for o in lo.ops], [o.flops for o in hi.ops], f)
+        moved = line_values([o.bytes for o in lo.ops], [o.bytes for o in hi.ops], f)
         ops, made = [], {}
-        for a, b, fl, by in zip(lo.ops, hi.ops, flops, moved):
+        for a, b, fl, by in zip(lo.ops, hi.ops, flops.tolist(), moved.tolist()):
             r = made.get((id(a), id(b)))   # this call's copies, by the records they are made
             if r is None:      # of: a record repeated (a stitched trace's blocks) stays one
-                r = made[id(a), id(b)] = _on_line(a, b, fl, by, f)
+                r = made[id(a), id(b)] = a.copied(flops=fl, bytes=by,
+                                                  shape=on_line(a.shape, b.shape, f))
             ops.append(r)
         return ops
 

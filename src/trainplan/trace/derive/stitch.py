@@ -142,7 +142,7 @@ def stitch(lo: Trace, hi: Trace, tagged: Trace | None = None) -> Trace | None:
         grown = {id(b): a for a, b in pairs}  # this call's pairs: the record object is the key
         ops = list(hi.ops)                # the grown ops on their line, the rest as traced
         if grown:
-            for i in [i for i, r in enumerate(map(id, ops)) if r in grown]:
+            for i in [i for i, key in enumerate(map(id, ops)) if key in grown]:
                 r = ops[i]
                 a = grown[id(r)]
                 ops[i] = r.copied(flops=line(a.flops, r.flops), bytes=line(a.bytes, r.bytes),
