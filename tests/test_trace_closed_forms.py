@@ -123,3 +123,50 @@ def test_a_trace_collects_only_what_the_last_one_left_and_all_every_so_often(mon
     # the first trace of a process has nothing to free; then young collections, and a full
     # one after every n traces
     assert calls == (["young"] * (n - 1) + ["unfreeze", "full"]) * 2
+
+
+def _rotate(q, k, cos, sin, unsqueeze_dim=1):
+    """Llama's apply_rotary_pos_emb as transformers writes it, a plain function."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+
+    def half(x):
+        return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+    return q * cos + half(q) * sin, k * cos + half(k) * sin
+
+
+class Func(torch.nn.Module):
+    """A function made a module that no model holds, as `kernels` (a dependency of transformers
+    5.25) makes apply_rotary_pos_emb one (kernels/_internals/layer/layer.py)."""
+
+    def forward(self, *args, **kwargs):
+        return _rotate(*args, **kwargs)
+
+
+def test_a_module_the_model_does_not_hold_is_its_callers_work(monkeypatch):
+    """tracer.py `_Tracker`: a module outside the model, called inside its forward, is not
+    entered: each attention's rotated queries and keys, and their FLOPs, stay the attention's,
+    as with the plain function (with it entered, they were a `Func` row's, outside the model's
+    rows: the model's total and each block's attention told apart from the rest)."""
+    from conftest import shallow
+    from trainplan.models.hf_import import prepare
+    prepare()       # as the tracer imports transformers (torchvision hidden)
+    import transformers.models.llama.modeling_llama as llama
+    # pure bf16: the attention keeps the rotated queries themselves (under autocast it keeps
+    # their bf16 casts, made in the attention either way)
+    job = validate(Job(model=shallow("meta-llama/Llama-3.2-1B", 2), seq_len=64, batch_size=1,
+                       precision="bf16"))
+    sem = KernelSemantics(attention="efficient")
+    monkeypatch.setattr(llama, "apply_rotary_pos_emb", _rotate)
+    plain = trace_step(job, sem)
+    monkeypatch.setattr(llama, "apply_rotary_pos_emb", Func())
+    wrapped = trace_step(job, sem)
+
+    def rows(tr):
+        return [(m.name, m.activation_bytes, m.flops_forward, m.flops_backward)
+                for m in tr.modules]
+    assert rows(wrapped) == rows(plain)
+    # the rotated queries (bf16, one token's hidden size each) are the attention's own
+    attn = {m.name: m for m in plain.modules}["model.layers.0.self_attn"]
+    children = sum(m.activation_bytes for m in plain.modules
+                   if m.name.startswith("model.layers.0.self_attn."))
+    assert attn.activation_bytes - children >= 64 * 2048 * 2

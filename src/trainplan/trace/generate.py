@@ -104,7 +104,7 @@ def trace_forward(job, sem: KernelSemantics, batch: int, new_tokens: int,
     dims = kv_dims(job.transformer if reference else model.config)
     kv_dtype = compute_dtype(job.precision)
     counter = StepCounter()
-    tracker = _Tracker()
+    tracker = _Tracker(model)
     counter.mt = tracker
     layers = model.get_submodule(stack.path) if stack is not None else None
     if layers is not None:         # which layer each event and op belongs to (trace/blocks.py)

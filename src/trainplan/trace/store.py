@@ -4,7 +4,8 @@ A trace is a pure function of what it is made from: the job as the tracer sees i
 semantics, the micro-batch and the blocks kept (tracer.py), and of the code that makes it. The
 key is a SHA-256 over all of those: the job's repr, the resolved model config (a hub id's or a
 local config.json's contents, not its name, so an edited file is a new key), trainplan's own
-source and data files, and the versions of Python, torch, transformers, timm and torchvision. A
+source and data files, and the versions of Python, torch, transformers, timm, torchvision and
+kernels (whose presence makes some of transformers' functions modules, tracer.py `_Tracker`). A
 changed line anywhere in trainplan, or an upgraded library, makes every key new; nothing stale is
 ever read. A `py:` model's key has its file's path and contents; its trace also records every
 .py file of the user's own that was loaded when it was made (models/custom.py `user_files`: what
@@ -63,7 +64,7 @@ def code_fingerprint() -> str:
         h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
     h.update(sys.version.encode())
-    for dist in ("torch", "transformers", "timm", "torchvision"):
+    for dist in ("torch", "transformers", "timm", "torchvision", "kernels"):
         try:
             h.update(f"{dist}={metadata.version(dist)}".encode())
         except metadata.PackageNotFoundError:

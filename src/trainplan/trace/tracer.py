@@ -61,14 +61,24 @@ class _Tracker(ModuleTracker):
     block 2's attention could go to block 3's (an 8-block Llama, SDPA: backward FLOPs 84, 136,
     84, 241 M for blocks 0-3, each 136 M in truth); the one entered last is the module autograd
     is in now.
+
+    Only the model's own modules are entered. ModuleTracker's hooks are global, so a module the
+    model does not hold would be entered too, under its class name, outside the model's rows:
+    transformers >= 5.25 with `kernels` installed (a dependency since 5.25) makes functions such
+    as Llama's apply_rotary_pos_emb one `Func` module shared by every model
+    (kernels/_internals/layer/layer.py `use_kernel_forward_from_hub` on a function), which put
+    each attention's rotated queries in a row of their own (`_module_rows`: the model's total)
+    instead of the attention's. Such a module is the function it wraps: its work is its caller's,
+    as it was without `kernels`.
     """
 
     recomputing = False
 
-    def __init__(self) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.entered: dict[str, int] = {}   # module name -> number of its latest entry
         self.version = 0                    # appends and pops so far (counters.py's cache key)
+        self._model = model
 
     def _get_append_fn(self, name, is_bw):
         append = super()._get_append_fn(name, is_bw)
@@ -87,12 +97,20 @@ class _Tracker(ModuleTracker):
             self.version += 1
         return fn
 
+    def __enter__(self):
+        self._get_mod_name(self._model)     # names the model's every module (`_known_modules`)
+        return super().__enter__()
+
     def _fw_pre_hook(self, mod, input) -> None:
+        if mod not in self._known_modules:          # not the model's (the class docstring)
+            return None
         if self.recomputing:
             return self._get_append_fn(self._get_mod_name(mod), False)()
         return super()._fw_pre_hook(mod, input)
 
     def _fw_post_hook(self, mod, input, output) -> None:
+        if mod not in self._known_modules:
+            return None
         if self.recomputing:
             return self._get_pop_fn(self._get_mod_name(mod), False)()
         return super()._fw_post_hook(mod, input, output)
@@ -206,7 +224,7 @@ def _set_up(job, semantics: KernelSemantics, routing, depth: int | None) -> _Set
         fp8.convert(model, semantics.fp8, semantics.fp8_transpose,
                     on_weight_cast=lambda t: counter.track(t, "weight_casts"))
     amp = semantics.autocast_dtype is not None
-    tracker = _Tracker()
+    tracker = _Tracker(model)
     counter.mt = tracker
 
     @contextlib.contextmanager
