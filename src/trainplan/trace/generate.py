@@ -28,13 +28,13 @@ from __future__ import annotations
 import time
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..errors import TrainplanError
 from ..models import build_model
 from . import blocks as block_tags, hf_values
 from .counters import StepCounter, event_blocks
 from .facts import InferenceTrace
+from .fake_cache import fake_mode
 from .log import TraceLog
 from .prepare import _materialise, compute_dtype, count_parameters, prepare_model, stored_bytes
 from .emulation import TargetSemantics
@@ -116,7 +116,7 @@ def trace_forward(job, sem: KernelSemantics, batch: int, new_tokens: int,
     # seventh of a chart-rvr decode step's trace: py-spy, 2 cores, 2026-12-02)
     with held_collections():
         try:
-            with FakeTensorMode(allow_non_fake_inputs=True), counter, torch.no_grad(), \
+            with fake_mode(), counter, torch.no_grad(), \
                     hf_values.as_on_gpu():
                 counter.count_ops, counter.phase = False, "setup"
                 _materialise(model, counter,

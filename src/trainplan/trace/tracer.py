@@ -22,13 +22,13 @@ import time
 from typing import NamedTuple
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.module_tracker import ModuleTracker
 
 from ..errors import TrainplanError
 from ..models import ModelBundle, build_model
 from ..models.custom import user_files
 from . import fp8, hf_values, moe, store, windows
+from .fake_cache import fake_mode
 from . import blocks as block_tags
 from .checkpointing import apply_checkpointing
 from .counters import StepCounter, event_blocks
@@ -258,7 +258,7 @@ def _run(job, semantics: KernelSemantics, batch: int, setup: _Setup, extra_mode)
     """The step on fake tensors: parameters materialised, the optimizer's state made by a
     warm-up step, the counted micro-batch(es), the optimizer step."""
     bundle, counter, model = setup.bundle, setup.counter, setup.bundle.module
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    fake = fake_mode()
     with fake, counter, hf_values.as_on_gpu(), \
             (extra_mode if extra_mode is not None else contextlib.nullcontext()):
         _materialise(model, counter, setup.in_blocks)
@@ -295,7 +295,7 @@ def trace_optimizer(job, semantics: KernelSemantics, depth: int | None = None) -
     counter, model = setup.counter, setup.bundle.module
     with held_collections():
         try:
-            with FakeTensorMode(allow_non_fake_inputs=True), counter:
+            with fake_mode(), counter:
                 _materialise(model, counter, setup.in_blocks)
                 params = [p for p in model.parameters() if p.requires_grad]
                 opt = _warm_optimizer(job, params, counter, semantics.optimizer_foreach)
