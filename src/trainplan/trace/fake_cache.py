@@ -10,18 +10,19 @@ layout checks) and flattens it field by field through `dataclasses.fields`, recu
 shape and the strides. Profiled on chart-rvr's step (Qwen2.5-VL-3B, LoRA, micro-batch 2: 52,499
 dispatches), the key took 6.2 of the 11.8 s FakeTensorMode spent (cProfile).
 
-`_prep_args` builds the same key in one pass: a strided fake tensor without symbolic sizes
-(every tensor of a trace: the tracer makes no shape environment) is flattened as
-`TensorMetadata._flatten_into` flattens it, value for value and type for type (its dtype; the
-shape as torch.Size, its length and each size after `int`; the strides likewise as a tuple;
-then device, layout, memory format, storage offset, storage bytes, requires_grad, the
-quantized, conjugate, negative and inference flags and the four sparse fields, False and None);
-a plain scalar (int, float, bool, str, None, dtype, device, layout, memory format) is appended
-after its type as the original's last branch does; everything else (another layout, symbolic
-sizes, SymInts, graph modules, callables) takes the original's own branch, raising the same
-bypasses. Equal keys, so the same hits and the same trace: tests/test_fake_cache.py compares the
-two key for key over real traces (a decoder with LoRA and checkpointing, a convnet in channels-
-last, an inference forward), and the traces with it and without.
+`_prep_args` builds the same key in one pass: a strided fake tensor without symbols in its
+sizes, strides, offset or storage size (every tensor of a trace: the tracer makes no shape
+environment) is flattened as `TensorMetadata._flatten_into` flattens it, value for value and
+type for type (its dtype; the shape as torch.Size, its length and each size after `int`; the
+strides likewise as a tuple; then device, layout, memory format, storage offset, storage bytes,
+requires_grad, the quantized, conjugate, negative and inference flags, the sparse flag False
+and its three fields None); a plain scalar (int, float, bool, str, None, dtype, device, layout,
+memory format) is appended after its type as the original's last branch does; everything else
+(another layout, symbolic sizes, SymInts, graph modules, callables) takes the original's own
+branch, raising the same bypasses. Equal keys, so the same hits and the same trace:
+tests/test_fake_cache.py compares the two key for key over real traces (a decoder under AMP
+with checkpointing, a channels-last convnet, Qwen2.5-VL with LoRA and batched windows, an
+inference forward), and the traces with it and without.
 
 It replaces FakeTensorMode's method only where that method, `extract_tensor_metadata` and
 `TensorMetadata` are the code it was written against (`_SOURCE`: a digest of their source, read
@@ -78,14 +79,20 @@ def _digest() -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def _flat(t, result: list) -> None:
-    """What `extract_tensor_metadata(t)._flatten_into(result, ...)` appends, for a strided fake
-    tensor without symbolic sizes or strides (module docstring)."""
-    append = result.append
+def _flat(t, result: list) -> bool:
+    """What `extract_tensor_metadata(t)._flatten_into(result, ...)` appends, appended, for a
+    strided fake tensor whose sizes, strides, offset and storage size are plain ints (module
+    docstring); False, appending nothing, for any other."""
+    if t.layout is not torch.strided or t._has_symbolic_sizes_strides:
+        return False
+    offset, nbytes = t.storage_offset(), t.untyped_storage().nbytes()
+    if type(offset) is not int or type(nbytes) is not int:
+        return False
     fmt = ft.suggest_memory_format(t)
     if not t.is_contiguous(memory_format=fmt):
         fmt = None
     shape, stride = t.shape, t.stride()
+    append = result.append
     append(t.dtype)
     append(torch.Size)
     append(f"length_{len(shape)}")
@@ -97,9 +104,9 @@ def _flat(t, result: list) -> None:
     for s in stride:
         append(int)
         append(s)
-    result += (t.device, torch.strided, fmt, t.storage_offset(), t.untyped_storage().nbytes(),
-               t.requires_grad, t.is_quantized, t.is_conj(), t.is_neg(), t.is_inference(),
-               False, None, None, None)
+    result += (t.device, torch.strided, fmt, offset, nbytes, t.requires_grad, t.is_quantized,
+               t.is_conj(), t.is_neg(), t.is_inference(), False, None, None, None)
+    return True
 
 
 def _prep_args(self, result: list, args, state, id_hashed_objects: list) -> None:
@@ -123,9 +130,7 @@ def _prep_args(self, result: list, args, state, id_hashed_objects: list) -> None
                 raise ft._BypassDispatchCache("not our fake")
             if arg.constant is not None:
                 raise ft._BypassDispatchCache("constant attribute")
-            if arg.layout is torch.strided and not arg._has_symbolic_sizes_strides:
-                _flat(arg, result)
-            else:
+            if not _flat(arg, result):
                 if is_sparse_any(arg):
                     raise ft._BypassDispatchCache(f"{arg.layout} tensor")
                 ft.extract_tensor_metadata(arg)._flatten_into(result, self, state)
