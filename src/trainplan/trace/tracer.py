@@ -28,11 +28,11 @@ from ..errors import TrainplanError
 from ..models import ModelBundle, build_model
 from ..models.custom import user_files
 from . import fp8, hf_values, moe, store, windows
-from .fake_cache import fake_mode
 from . import blocks as block_tags
 from .checkpointing import apply_checkpointing
 from .counters import StepCounter, event_blocks
 from .facts import ModuleRow, OptimizerPart, Trace
+from .fake_cache import fake_mode
 from .log import CATEGORIES, GradientMade, Mark, TraceLog, downsample
 from .ops import OpRecord
 from .optimizers import build_optimizer
