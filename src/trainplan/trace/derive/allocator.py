@@ -86,12 +86,15 @@ def _model(limit_bytes: int | None, rules: Rules):
     return CachingAllocatorModel(limit_bytes, rules)
 
 
-@dataclass
 class _Block:
-    seg: int
-    offset: int
-    size: int
-    free: bool = True
+    """A block of a segment: [offset, offset + size), free or live, with its neighbours in the
+    segment (the allocator's own doubly linked list: merging needs no search)."""
+
+    __slots__ = ("seg", "offset", "size", "free", "prev", "next")
+
+    def __init__(self, seg: int, offset: int, size: int, prev=None, next=None):
+        self.seg, self.offset, self.size, self.free = seg, offset, size, True
+        self.prev, self.next = prev, next
 
 
 def _round(n: int, rules: Rules = CUDA) -> int:
@@ -109,65 +112,73 @@ def _segment_size(n: int, rules: Rules = CUDA) -> int:
     return (n + rules.round_large - 1) // rules.round_large * rules.round_large
 
 
+# A free block's place in its pool's best-fit order, (size, segment, offset), as one integer,
+# size << _SIZE | segment << _SEG | offset (one comparison in C where a tuple's is three):
+# offsets below 2**48 bytes, segments below 2**32, the order the same.
+_SEG, _SIZE = 48, 80
+
+
 class CachingAllocatorModel:
     def __init__(self, limit_bytes: int | None = None, rules: Rules = CUDA):
         self.rules = rules
         self.limit_bytes = limit_bytes          # segments may not exceed this (device free memory)
         self.oom = False                        # a request failed even after releasing the cache
-        self._seg_size: dict[int, int] = {}
+        self._seg_size: list[int] = []          # seg -> its size (0 once released)
         self.reserved = 0
         self.peak_reserved = 0
         self.allocated = 0
         self.peak_allocated = 0
-        self._free = {True: [], False: []}      # small? -> sorted [(size, seg, offset)]
-        self._blocks: dict[tuple[int, int], _Block] = {}   # (seg, offset) -> block
-        self._seg_blocks: dict[int, list[int]] = {}        # seg -> sorted offsets
+        self._free = {True: [], False: []}      # small? -> sorted orders of its free blocks
+        self._by_order: dict[int, _Block] = {}  # order -> free block
+        self._first: dict[int, _Block] = {}     # seg -> its block at offset 0
         self._live: dict[int, _Block] = {}
-        self._nseg = 0
-        self._seg_small: dict[int, bool] = {}
-        self._seg_live: dict[int, int] = {}     # seg -> live blocks in it
+        self._seg_small: list[bool] = []        # seg -> in the small pool?
+        self._seg_live: list[int] = []          # seg -> live blocks in it
         self.pinned = 0                         # bytes of segments holding a live block
         self.peak_pinned = 0
 
     def _add_free(self, b: _Block, small: bool) -> None:
-        bisect.insort(self._free[small], (b.size, b.seg, b.offset))
+        order = (b.size << _SIZE) | (b.seg << _SEG) | b.offset
+        bisect.insort(self._free[small], order)
+        self._by_order[order] = b
 
     def _remove_free(self, b: _Block, small: bool) -> None:
+        order = (b.size << _SIZE) | (b.seg << _SEG) | b.offset
         lst = self._free[small]
-        i = bisect.bisect_left(lst, (b.size, b.seg, b.offset))
-        if i < len(lst) and lst[i] == (b.size, b.seg, b.offset):
+        i = bisect.bisect_left(lst, order)
+        if i < len(lst) and lst[i] == order:
             lst.pop(i)
+            del self._by_order[order]
 
     def malloc(self, key: int, nbytes: int) -> None:
         rules = self.rules
-        size = _round(nbytes, rules)
+        b = rules.min_block
+        size = max(b, (nbytes + b - 1) // b * b)       # _round
         small = size <= rules.small_size
         lst = self._free[small]
-        i = bisect.bisect_left(lst, (size, -1, -1))
+        i = bisect.bisect_left(lst, size << _SIZE)
         if i < len(lst):
-            _, seg, off = lst.pop(i)
-            block = self._blocks[(seg, off)]
+            block = self._by_order.pop(lst.pop(i))
         else:
             seg_size = _segment_size(size, rules)
             if self.limit_bytes is not None and self.reserved + seg_size > self.limit_bytes:
                 self._release_cached_segments()
                 if self.reserved + seg_size > self.limit_bytes:
                     self.oom = True
-            seg = self._nseg
-            self._nseg += 1
-            self._seg_size[seg] = seg_size
+            seg = len(self._seg_size)
+            self._seg_size.append(seg_size)
+            self._seg_small.append(small)
+            self._seg_live.append(0)
             self.reserved += seg_size
             if self.reserved > self.peak_reserved:
                 self.peak_reserved = self.reserved
-            block = _Block(seg, 0, seg_size)
-            self._blocks[(seg, 0)] = block
-            self._seg_blocks[seg] = [0]
-            self._seg_small[seg] = small
+            block = self._first[seg] = _Block(seg, 0, seg_size)
         remaining = block.size - size
-        if remaining >= rules.min_block if small else remaining > rules.split_large:
-            rest = _Block(block.seg, block.offset + size, remaining)
-            self._blocks[(rest.seg, rest.offset)] = rest
-            bisect.insort(self._seg_blocks[rest.seg], rest.offset)
+        if remaining >= b if small else remaining > rules.split_large:
+            rest = _Block(block.seg, block.offset + size, remaining, block, block.next)
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
             self._add_free(rest, small)
             block.size = size
         block.free = False
@@ -175,54 +186,49 @@ class CachingAllocatorModel:
         self.allocated += block.size
         if self.allocated > self.peak_allocated:
             self.peak_allocated = self.allocated
-        live = self._seg_live.get(block.seg, 0)
-        if live == 0:
-            self.pinned += self._seg_size[block.seg]
+        seg_live, seg = self._seg_live, block.seg
+        if seg_live[seg] == 0:
+            self.pinned += self._seg_size[seg]
             if self.pinned > self.peak_pinned:
                 self.peak_pinned = self.pinned
-        self._seg_live[block.seg] = live + 1
+        seg_live[seg] += 1
 
     def _release_cached_segments(self) -> None:
         """cudaFree every segment that is one free block (holds no live tensor)."""
-        for seg, offs in list(self._seg_blocks.items()):
-            if offs != [0]:
-                continue
-            block = self._blocks[(seg, 0)]
-            if not block.free or block.size != self._seg_size[seg]:
+        for seg, block in list(self._first.items()):
+            if block.next is not None or not block.free or block.size != self._seg_size[seg]:
                 continue
             self._remove_free(block, self._seg_small[seg])
-            del self._blocks[(seg, 0)], self._seg_blocks[seg]
-            self.reserved -= self._seg_size.pop(seg)
+            del self._first[seg]
+            self.reserved -= self._seg_size[seg]
+            self._seg_size[seg] = 0
 
     def free(self, key: int) -> None:
         block = self._live.pop(key, None)
         if block is None:
             return
         self.allocated -= block.size
-        self._seg_live[block.seg] -= 1
-        if self._seg_live[block.seg] == 0:
-            self.pinned -= self._seg_size[block.seg]
-        small = self._seg_small[block.seg]
+        seg = block.seg
+        self._seg_live[seg] -= 1
+        if self._seg_live[seg] == 0:
+            self.pinned -= self._seg_size[seg]
+        small = self._seg_small[seg]
         block.free = True
-        offs = self._seg_blocks[block.seg]
-        i = bisect.bisect_left(offs, block.offset)
-        # merge with the next block
-        if i + 1 < len(offs):
-            nxt = self._blocks[(block.seg, offs[i + 1])]
-            if nxt.free:
-                self._remove_free(nxt, small)
-                block.size += nxt.size
-                del self._blocks[(nxt.seg, nxt.offset)]
-                offs.pop(i + 1)
-        # merge with the previous block
-        if i > 0:
-            prev = self._blocks[(block.seg, offs[i - 1])]
-            if prev.free:
-                self._remove_free(prev, small)
-                prev.size += block.size
-                del self._blocks[(block.seg, block.offset)]
-                offs.pop(i)
-                block = prev
+        nxt = block.next                 # merge with the next block
+        if nxt is not None and nxt.free:
+            self._remove_free(nxt, small)
+            block.size += nxt.size
+            block.next = nxt.next
+            if nxt.next is not None:
+                nxt.next.prev = block
+        prev = block.prev                # merge with the previous block
+        if prev is not None and prev.free:
+            self._remove_free(prev, small)
+            prev.size += block.size
+            prev.next = block.next
+            if block.next is not None:
+                block.next.prev = prev
+            block = prev
         self._add_free(block, small)
 
 
