@@ -97,11 +97,6 @@ class _Block:
         self.prev, self.next = prev, next
 
 
-def _round(n: int, rules: Rules = CUDA) -> int:
-    b = rules.min_block
-    return max(b, (n + b - 1) // b * b)
-
-
 def _segment_size(n: int, rules: Rules = CUDA) -> int:
     if n <= rules.small_size:
         return rules.small_segment
@@ -153,7 +148,7 @@ class CachingAllocatorModel:
     def malloc(self, key: int, nbytes: int) -> None:
         rules = self.rules
         b = rules.min_block
-        size = max(b, (nbytes + b - 1) // b * b)       # _round
+        size = max(b, (nbytes + b - 1) // b * b)       # rounded up to the block unit
         small = size <= rules.small_size
         lst = self._free[small]
         i = bisect.bisect_left(lst, size << _SIZE)
