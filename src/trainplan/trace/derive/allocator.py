@@ -212,19 +212,21 @@ class CachingAllocatorModel:
         nxt = block.next                 # merge with the next block
         if nxt is not None and nxt.free:
             self._remove_free(nxt, small)
-            block.size += nxt.size
-            block.next = nxt.next
-            if nxt.next is not None:
-                nxt.next.prev = block
+            _absorb(block, nxt)
         prev = block.prev                # merge with the previous block
         if prev is not None and prev.free:
             self._remove_free(prev, small)
-            prev.size += block.size
-            prev.next = block.next
-            if block.next is not None:
-                block.next.prev = prev
+            _absorb(prev, block)
             block = prev
         self._add_free(block, small)
+
+
+def _absorb(left: _Block, right: _Block) -> None:
+    """`right`, the block after `left` in its segment, merged into `left` and unlinked."""
+    left.size += right.size
+    left.next = right.next
+    if right.next is not None:
+        right.next.prev = left
 
 
 def replay(events: list[tuple[int, int]], rules: Rules = CUDA) -> tuple[int, int, int]:
