@@ -26,6 +26,9 @@ ROBERTA, OPT, DEBERTA = (shallow(m, BLOCKS) for m in ("FacebookAI/roberta-large"
                                                       "facebook/opt-350m",
                                                       "microsoft/deberta-v3-large"))
 TORCHAO_QLORA = LLAMA.with_(lora=Lora(), quantize="torchao-nf4", precision="bf16")
+# Gemma-2's layers alternate sliding-window and full attention (its config's `layer_types`): cut
+# in blocks of two layers (trace/stack.py `layer_period`), 16 layers are 8 such blocks
+GEMMA2 = Job(model=shallow("google/gemma-2-2b", 2 * BLOCKS), seq_len=128, precision="bf16-amp")
 # BERT's layers free each block's last gradient once the block below has begun its backward
 # (repeat.py `_gradients_freed_late`)
 BERT = Job(model=shallow("google-bert/bert-large-uncased", BLOCKS), seq_len=128, precision="fp32")
@@ -47,6 +50,8 @@ CASES = {
     "llama-qlora-torchao": (TORCHAO_QLORA, "h100-sxm", 2),
     "bert": (BERT, "v100-16gb", 4),
     "bert-lora-full-ckpt": (BERT.with_(lora=Lora(), grad_checkpointing="full"), "t4", 4),
+    "gemma2": (GEMMA2, "a100-80gb", 2),
+    "gemma2-lora-full-ckpt": (GEMMA2.with_(lora=Lora(), grad_checkpointing="full"), "l4", 2),
 }
 
 
@@ -122,6 +127,7 @@ REPLAYS = {
     # (repeat.py DOWN_THEN_LAST), and block 0's backward frees each block's share of the shared
     # relative embeddings' gradient (`_freed_by_all`, in an earlier block's run)
     "deberta-lora": Job(model=DEBERTA, seq_len=128, precision="fp32", lora=Lora()),
+    "gemma2-selective": GEMMA2.with_(grad_checkpointing="selective"),
 }
 ON = {"llama-lora-mps": "m3-max-128gb", "bert-lora-mps": "m3-max-128gb",   # else a100-80gb
       "opt-lora-mps": "m3-max-128gb"}
@@ -178,6 +184,7 @@ EXTENDS = {
                                   grad_checkpointing="full"),
     "deberta-lora-full-ckpt": Job(model=DEBERTA, seq_len=128, precision="fp32", lora=Lora(),
                                   grad_checkpointing="full"),
+    "gemma2-lora": GEMMA2.with_(lora=Lora()),
 }
 ON["llama-mps"] = "m3-max-128gb"
 
@@ -360,6 +367,46 @@ def test_stack_needs_alike_blocks():
     assert (stack.blocks, stack.traced, len(alike.blocks)) == (n, 3, 3)
     assert cut(Net([16] * (n - 1) + [32]), 3) is None      # one block differs
     assert cut(Net([16] * (n - 1)), 3) is None             # too shallow to cut
+
+
+def test_layers_that_repeat_in_a_pattern_are_cut_in_whole_periods():
+    """trace/stack.py `layer_period`: a config's `layer_types` repeating a whole number of times
+    over the stack makes a block of one period; one that does not, or Qwen-2's sliding windows
+    below `max_window_layers`, leaves the model whole."""
+    import types
+
+    import torch.nn as nn
+
+    from trainplan.trace.stack import layer_period
+
+    def config(kinds, **kw):
+        return types.SimpleNamespace(layer_types=kinds, **kw)
+
+    s, f = "sliding_attention", "full_attention"
+    assert layer_period(config([f] * 12), 12) == 1
+    assert layer_period(config(None), 12) == 1
+    assert layer_period(config([s, f] * 6), 12) == 2                    # Gemma-2
+    assert layer_period(config(([s] * 5 + [f]) * 8), 48) == 6           # Gemma-3-12B
+    assert layer_period(config(([s] * 5 + [f]) * 4 + [s, s]), 26) is None   # Gemma-3-1B
+    assert layer_period(config([s] * 4 + [f] * 8), 12) is None          # no repeating pattern
+    assert layer_period(config([s, f] * 6), 24) is None                 # another stack's
+    assert layer_period(config([f] * 12, use_sliding_window=True, max_window_layers=6),
+                        12) is None
+
+    class Net(nn.Module):
+        def __init__(self, kinds):
+            super().__init__()
+            self.config = config(kinds)
+            self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in kinds)
+
+    import trainplan.trace.stack as trace_depth
+    n = trace_depth.MIN_BLOCKS
+    net = Net([s, f] * n)
+    stack = cut(net, 3)
+    assert (stack.blocks, stack.traced, stack.period, len(net.blocks)) == (n, 3, 2, 6)
+    assert stack.describe() == f"6 of its {2 * n} layers, 3 of its {n} alike blocks of 2 (blocks)"
+    assert cut(Net([s, f] * n), 3, periodic=False) is None    # generation's forwards: whole
+    assert cut(Net([s, f] * (n - 1)), 3) is None               # too few periods to cut
 
 
 def test_peaks_read_off_an_interpolated_cut_trace_are_its_whole_logs():

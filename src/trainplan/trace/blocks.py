@@ -16,6 +16,11 @@ parameter, the blocks' in model order. The counter (counters.py) tags every even
 
 Ops are tagged alike: the share of each op's work that is the last block's (counters.py
 `OpRecord.last_block`), what one more block adds (derive/stitch.py `extend`, `whole_forward`).
+
+Where a block is a group of `period` layers (trace/stack.py `Stack.period`), each layer is
+tagged with its group's index: the events of the layers of one group are that block's, in the
+order its layers run them, and what happens between two of its layers (the model's loop) is
+the block's too.
 """
 from __future__ import annotations
 
@@ -35,35 +40,43 @@ def _first_grad_tensor(x):
     return None
 
 
-def module_blocks(blocks: nn.ModuleList) -> dict[int, int]:
-    """id(module) -> index of the block it belongs to, for every module inside the stack."""
-    return {id(m): i for i, block in enumerate(blocks) for m in block.modules()}
+def module_blocks(blocks: nn.ModuleList, period: int = 1) -> dict[int, int]:
+    """id(module) -> index of the block it belongs to, for every module inside the stack (the
+    layers of `blocks`, `period` a block)."""
+    return {id(m): i // period for i, block in enumerate(blocks) for m in block.modules()}
 
 
-def tag(counter, blocks: nn.ModuleList) -> None:
-    """Install the hooks (module docstring) on the cut stack's `blocks`, for the one step traced
-    with them (the model is dropped after it, hooks and all)."""
+def tag(counter, blocks: nn.ModuleList, period: int = 1) -> None:
+    """Install the hooks (module docstring) on the cut stack's layers `blocks`, `period` a
+    block, for the one step traced with them (the model is dropped after it, hooks and all)."""
     counter.tag_blocks = True
-    counter.last_block = len(blocks) - 1
+    counter.last_block = len(blocks) // period - 1
     before: list[int] = []
+    carried = [False]          # the block's tag kept between two of its layers (`post`)
 
     def set_to(i):
         def hook(grad):
             counter.block = i
         return hook
 
-    for i, block in enumerate(blocks):
-        def pre(mod, args, kwargs, i=i):
-            before.append(counter.block)
+    for layer, block in enumerate(blocks):
+        i = layer // period
+
+        def pre(mod, args, kwargs, i=i, first=layer == 0):
+            # the tag outside the block: -1 where the layer before, of this block, left its own
+            before.append(-1 if carried[0] and counter.block == i else counter.block)
+            carried[0] = False
             counter.block = i
-            if i == 0 and counter.phase == "forward" and not counter.recompute:
+            if first and counter.phase == "forward" and not counter.recompute:
                 t = _first_grad_tensor(args)
                 t = _first_grad_tensor(kwargs) if t is None else t
                 if t is not None:
                     t.register_hook(set_to(-1))
 
-        def post(mod, args, kwargs, out, i=i):
+        def post(mod, args, kwargs, out, i=i, inner=(layer + 1) % period != 0):
             counter.block = before.pop() if before else -1
+            if inner and counter.block == -1:   # between two layers of one block: still its
+                counter.block, carried[0] = i, True
             if counter.phase == "forward" and not counter.recompute:
                 t = _first_grad_tensor(out)
                 if t is not None:

@@ -90,7 +90,7 @@ def trace_forward(job, sem: KernelSemantics, batch: int, new_tokens: int,
     if images:       # a VLM generates through its language model; the prompt's image tokens
         job = job.with_(image_size=None, images_per_sample=None)    # are prefilled as tokens
     bundle = build_model(job, attention=sem.attention)
-    stack = cut(bundle.module, depth) if depth else None
+    stack = cut(bundle.module, depth, periodic=False) if depth else None   # tags read layers
     if images:
         bundle.notes.append("generation: the prompt's image tokens are prefilled through the "
                             "language model; the vision tower's pass on them is not timed here "

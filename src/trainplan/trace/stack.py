@@ -10,8 +10,12 @@ block does read off it (or a second trace cut to LOW = 3), gives the whole model
 
 The stack is the `nn.ModuleList` holding the most parameters among those whose children are all
 alike: one class, the same parameter names, shapes, dtypes and trainability. A config that gives
-its layers different behaviour with equal shapes (`layer_types` mixing sliding-window and full
-attention, Gemma-2/3, Qwen-2 with sliding windows on some layers) is not cut: `uniform_layers`.
+its layers different behaviour with equal shapes in a repeating pattern (`layer_types`: Gemma-2
+alternates sliding-window and full attention, period 2; GPT-OSS likewise) is cut in whole
+periods: a "block" below is then a group of `period` consecutive layers, the unit that repeats
+(`Stack.period`; trace/blocks.py tags each layer with its group). A pattern that does not repeat
+a whole number of times over the stack (Gemma-3-1B: 26 layers in periods of 6; Qwen-2 with
+sliding windows below `max_window_layers` only) is not cut: `layer_period`.
 """
 from __future__ import annotations
 
@@ -44,11 +48,22 @@ EXACT_BLOCKS = 40
 
 @dataclass(frozen=True)
 class Stack:
-    """Where the repeated blocks sit, how many the model has and how many were traced."""
+    """Where the repeated blocks sit, how many the model has and how many were traced. A block is
+    `period` consecutive layers of the ModuleList (1 but for a repeating pattern of layer
+    kinds: module docstring)."""
 
     path: str          # the ModuleList's qualified name, e.g. "model.layers"
     blocks: int        # in the model
     traced: int        # in the traced (cut) model
+    period: int = 1    # layers a block
+
+    def describe(self) -> str:
+        """'4 of its 16 alike blocks (model.layers)', or with layers grouped in periods '8 of
+        its 42 layers, 4 of its 21 alike blocks of 2 (model.layers)'."""
+        if self.period == 1:
+            return f"{self.traced} of its {self.blocks} alike blocks ({self.path})"
+        return (f"{self.traced * self.period} of its {self.blocks * self.period} layers, "
+                f"{self.traced} of its {self.blocks} alike blocks of {self.period} ({self.path})")
 
 
 def _signature(block: nn.Module) -> tuple:
@@ -57,15 +72,27 @@ def _signature(block: nn.Module) -> tuple:
             tuple((n, tuple(b.shape), b.dtype) for n, b in block.named_buffers()))
 
 
-def uniform_layers(config) -> bool:
-    """False when the config gives layers of one stack different behaviour (`layer_types`)."""
+def layer_period(config, layers: int) -> int | None:
+    """How many consecutive layers of a `layers`-deep stack repeat as one block (module
+    docstring): 1 where the config gives every layer the same behaviour; the shortest period of
+    its `layer_types` where they repeat a whole number of times over the stack; None where they
+    do not, or the config says otherwise that layers differ (Qwen-2's sliding windows below
+    `max_window_layers`)."""
+    period = 1
     for cfg in {id(config): config, id(_text(config)): _text(config)}.values():
-        kinds = getattr(cfg, "layer_types", None)
-        if isinstance(kinds, (list, tuple)) and len(set(kinds)) > 1:
-            return False
         if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "max_window_layers", None):
-            return False
-    return True
+            return None
+        kinds = getattr(cfg, "layer_types", None)
+        if not isinstance(kinds, (list, tuple)) or len(set(kinds)) <= 1:
+            continue
+        if len(kinds) != layers:
+            return None           # another stack's pattern (the text one, of a tower found)
+        p = next(p for p in range(1, layers + 1)
+                 if layers % p == 0 and all(kinds[i] == kinds[i % p] for i in range(layers)))
+        if p == layers or period not in (1, p):
+            return None
+        period = p
+    return period
 
 
 def _text(config):
@@ -74,10 +101,8 @@ def _text(config):
 
 
 def repeated_stack(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
-    """(qualified name, ModuleList) of the model's repeated blocks, or None."""
+    """(qualified name, ModuleList) of the model's repeated layers, or None."""
     import torch.nn as nn
-    if not uniform_layers(getattr(model, "config", None)):
-        return None
     best, best_params = None, -1
     for name, m in model.named_modules():
         if not isinstance(m, nn.ModuleList) or len(m) < MIN_BLOCKS:
@@ -91,14 +116,21 @@ def repeated_stack(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
     return best
 
 
-def cut(model: nn.Module, blocks: int) -> Stack | None:
+def cut(model: nn.Module, blocks: int, periodic: bool = True) -> Stack | None:
     """Keep the first `blocks` blocks of the model's repeated stack (in place); None when the
-    model has no stack of at least MIN_BLOCKS alike blocks (it is left whole)."""
+    model has no stack of at least MIN_BLOCKS alike blocks (it is left whole). `periodic`:
+    blocks of several layers (module docstring) allowed; without, only a stack of alike layers
+    is cut (generation's forwards, trace/generate.py, whose per-layer tagging reads layers)."""
     found = repeated_stack(model)
-    if found is None or blocks >= len(found[1]):
+    if found is None:
         return None
     name, stack = found
+    period = layer_period(getattr(model, "config", None), len(stack))
+    if period is None or (period > 1 and not periodic) or len(stack) // period < MIN_BLOCKS or \
+            blocks >= len(stack) // period:
+        return None
     parent, _, attr = name.rpartition(".")
     import torch.nn as nn
-    setattr(model.get_submodule(parent) if parent else model, attr, nn.ModuleList(stack[:blocks]))
-    return Stack(name, len(stack), blocks)
+    setattr(model.get_submodule(parent) if parent else model, attr,
+            nn.ModuleList(stack[:blocks * period]))
+    return Stack(name, len(stack) // period, blocks, period)

@@ -249,8 +249,8 @@ def _set_up(job, semantics: KernelSemantics, routing, depth: int | None) -> _Set
     in_blocks = None
     if stack is not None:          # which block each event happens in (trace/blocks.py)
         cut_blocks = model.get_submodule(stack.path)
-        in_blocks = block_tags.module_blocks(cut_blocks)
-        block_tags.tag(counter, cut_blocks)
+        in_blocks = block_tags.module_blocks(cut_blocks, stack.period)
+        block_tags.tag(counter, cut_blocks, stack.period)
     return _Setup(bundle, stack, lora_names, checkpointed, counter, sem, tracker, in_blocks)
 
 
@@ -278,7 +278,7 @@ def _run(job, semantics: KernelSemantics, batch: int, setup: _Setup, extra_mode)
         opt.zero_grad(set_to_none=True)
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
         state_bytes = counter.by_cat["optimizer_states"]
-        last_block = (_last_block(model.get_submodule(setup.stack.path)[-1], counter)
+        last_block = (_last_block(_last_of(model, setup.stack), counter)
                       if setup.stack is not None else None)
         counter.closed = True   # the step's events end here, not when GC frees the model
     return _Step(grad_bytes, state_bytes, activation_bytes, weight_cast_bytes, act_by_module,
@@ -320,6 +320,12 @@ def trace_optimizer(job, semantics: KernelSemantics, depth: int | None = None) -
                    event_blocks(counter) if counter.tag_blocks else None, marks)
     return OptimizerPart(log, list(counter.records), states, last,
                          frozenset(counter.unknown_flop_ops), time.perf_counter() - t0)
+
+
+def _last_of(model: torch.nn.Module, stack: Stack) -> torch.nn.Module:
+    """The cut stack's last block: its last layer, or its last `period` layers together."""
+    layers = model.get_submodule(stack.path)
+    return layers[-1] if stack.period == 1 else torch.nn.ModuleList(layers[-stack.period:])
 
 
 def _last_block(block: torch.nn.Module, counter: StepCounter) -> dict[str, float]:

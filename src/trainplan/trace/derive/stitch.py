@@ -1,8 +1,9 @@
 """The step of a model with L repeated blocks, from one trace of the same model cut to 4.
 
-A model with a stack of L alike blocks (trace/stack.py) runs, per step, the ops outside the stack
-(embeddings, head, loss, the optimizer's multi-tensor kernels over every parameter) and L times
-one block's ops, forward and backward (and the rerun of a checkpointed block). Two cuts, n and
+A model with a stack of L alike blocks (trace/stack.py; a block is one layer, or one period of
+layers whose kinds repeat: Gemma-2's sliding and full attention) runs, per step, the ops outside
+the stack (embeddings, head, loss, the optimizer's multi-tensor kernels over every parameter) and
+L times one block's ops, forward and backward (and the rerun of a checkpointed block). Two cuts, n and
 n + 1 blocks, give what one block adds: the 4-block trace and the same step with one block more,
 read off what the 4-block trace's last block does (`extend`, exact against a real 5-block trace);
 where that cannot be read (a mixture-of-experts model, events that do not repeat block by
@@ -73,6 +74,12 @@ def _split(pattern: re.Pattern, name: str) -> tuple[str, str]:
     return name[: m.start(1)], name[m.end(1):]
 
 
+def _unit_of(pattern: re.Pattern, name: str, period: int) -> int | None:
+    """The block (trace/stack.py: `period` layers) the layer `name` is in, or None."""
+    j = _block_of(pattern, name)
+    return None if j is None else j // period
+
+
 def _op_key(r) -> tuple:
     return (r.name, r.phase, r.dtype, r.recompute, r.family)
 
@@ -123,7 +130,7 @@ def stitch(lo: Trace, hi: Trace, tagged: Trace | None = None) -> Trace | None:
             hi.stack.traced != lo.stack.traced + 1:
         return None
     tagged = hi if tagged is None else tagged
-    L, path, n = hi.stack.blocks, hi.stack.path, hi.stack.traced
+    L, path, n, period = hi.stack.blocks, hi.stack.path, hi.stack.traced, hi.stack.period
     f = float(L - lo.stack.traced)     # (L - lo) / (hi - lo), hi - lo = 1
     pattern = _index_pattern(path)
     made = hi.derived.one_more        # read off lo by `extend`: what it added, known
@@ -162,17 +169,18 @@ def stitch(lo: Trace, hi: Trace, tagged: Trace | None = None) -> Trace | None:
     out = replace(
         hi, ops=Lazy(whole_ops), **_on_line(lo, hi, line),
         modules=Lazy(lambda: _modules(lo, hi, pattern, L, line)),   # made where read (inspect)
-        checkpointed_blocks=_with_copies(hi.checkpointed_blocks, pattern, n - 1, L),
-        lora_modules=_with_copies(hi.lora_modules, pattern, n - 1, L),
+        checkpointed_blocks=_with_copies(hi.checkpointed_blocks, pattern, n - 1, L, period),
+        lora_modules=_with_copies(hi.lora_modules, pattern, n - 1, L, period),
         log=TraceLog(blocks=tagged.log.blocks, marks=hi.log.marks,
                      gradients=hi.log.gradients, timeline=hi.log.timeline),
         stack=tagged.stack, flash_eligible=tagged.flash_eligible, last_block=None,
         trace_seconds=lo.trace_seconds + (0.0 if extended else hi.trace_seconds),
         notes=list(hi.notes) + [
-            f"traced with {HIGH} of its {L} alike blocks ({path}); the step adds the other "
+            f"traced with {replace(hi.stack, traced=HIGH).describe()}; the step adds the other "
             f"{L - HIGH} as copies of the last" if extended else
-            f"traced with {LOW} and with {HIGH} of its {L} alike blocks ({path}); the step adds "
-            f"the other {L - HIGH} as copies"])
+            f"traced with {LOW} and with {HIGH} of its {L} alike blocks"
+            f"{f' of {period}' if period > 1 else ''} ({path}); the step adds the other "
+            f"{L - HIGH} as copies"])
     # the whole stack's replay is made when a fit is asked of this trace (replays.py
     # `fragmentation`: the anchors', not every micro-batch a search reads off their line)
     rep = repeats(tagged, L)
@@ -294,7 +302,7 @@ def extend(hi: Trace) -> Trace | None:
             grown.append((r, ops[i]))
         return ops + more, more, grown
 
-    pattern = _index_pattern(hi.stack.path)
+    pattern, period = _index_pattern(hi.stack.path), hi.stack.period
     add = hi.last_block
     out = replace(
         hi, stack=replace(hi.stack, traced=HIGH + 1), ops=Lazy(lambda: made()[0]),
@@ -302,9 +310,11 @@ def extend(hi: Trace) -> Trace | None:
         peak_phase=peak_phase, peak_allocated_bytes=phase_peaks[peak_phase][0],
         peak_breakdown_bytes=dict(phase_peaks[peak_phase][1]), flops=flops, bytes_moved=moved,
         recompute_flops=recompute,
-        modules=Lazy(lambda: _one_more_block(hi.modules, pattern, hi.stack.path, work)),
-        checkpointed_blocks=_with_copies(hi.checkpointed_blocks, pattern, HIGH - 1, HIGH + 1),
-        lora_modules=_with_copies(hi.lora_modules, pattern, HIGH - 1, HIGH + 1),
+        modules=Lazy(lambda: _one_more_block(hi.modules, pattern, hi.stack.path, work,
+                                             period)),
+        checkpointed_blocks=_with_copies(hi.checkpointed_blocks, pattern, HIGH - 1, HIGH + 1,
+                                         period),
+        lora_modules=_with_copies(hi.lora_modules, pattern, HIGH - 1, HIGH + 1, period),
         log=TraceLog(memory=log),
         **{k: type(getattr(hi, k))(getattr(hi, k) + v) for k, v in add.items()})
     out.derived.extended = True
@@ -375,65 +385,76 @@ def one_more(tr: Trace) -> Trace | None:
     return more
 
 
-def _with_copies(items: list[str], pattern, last: int, blocks: int) -> list[str]:
-    """`items` and block `last`'s names as those of blocks last+1 .. blocks-1, made when first
-    read (lazy.py): few read them (predict/memory.py, `inspect`), and every stitched trace
-    has them (Llama-3.1-70B's LoRA modules, 7 a block: 532 names made for each of the ~430
-    traces a warm plan over every platform stitches, a tenth of its time, profiled)."""
+def _with_copies(items: list[str], pattern, last: int, blocks: int, period: int = 1
+                 ) -> list[str]:
+    """`items` and block `last`'s names (its `period` layers') as those of blocks last+1 ..
+    blocks-1, made when first read (lazy.py): few read them (predict/memory.py, `inspect`), and
+    every stitched trace has them (Llama-3.1-70B's LoRA modules, 7 a block: 532 names made for
+    each of the ~430 traces a warm plan over every platform stitches, a tenth of its time,
+    profiled)."""
     def made() -> list[str]:
-        tails = [_split(pattern, n) for n in items if _block_of(pattern, n) == last]
-        return list(items) + [f"{a}{i}{b}" for i in range(last + 1, blocks) for a, b in tails]
+        tails = [(_split(pattern, n), _block_of(pattern, n) % period) for n in items
+                 if _unit_of(pattern, n, period) == last]
+        return list(items) + [f"{a}{i * period + r}{b}" for i in range(last + 1, blocks)
+                              for (a, b), r in tails]
     return Lazy(made)
 
 
-def _row_copies(block_rows: list[ModuleRow], pattern, blocks) -> list[ModuleRow]:
-    """One block's module rows, renamed as each of `blocks`'."""
-    tails = [(_split(pattern, r.name), r) for r in block_rows]
-    return [ModuleRow(f"{a}{i}{b}", r.depth, r.params, r.trainable_params, r.activation_bytes,
-                      r.flops_forward, r.flops_backward) for i in blocks for (a, b), r in tails]
+def _row_copies(block_rows: list[ModuleRow], pattern, blocks, period: int = 1
+                ) -> list[ModuleRow]:
+    """One block's module rows (its `period` layers'), renamed as each of `blocks`'."""
+    tails = [(_split(pattern, r.name), _block_of(pattern, r.name) % period, r)
+             for r in block_rows]
+    return [ModuleRow(f"{a}{i * period + k}{b}", r.depth, r.params, r.trainable_params,
+                      r.activation_bytes, r.flops_forward, r.flops_backward)
+            for i in blocks for (a, b), k, r in tails]
 
 
-def _inner_activations(rows: list[ModuleRow], pattern, last: int) -> dict[str, int]:
-    """{a row's name after its block index: activation bytes} of the block before block `last`:
-    what an inner block keeps at the end of the forward, where the last block's output may be
-    freed by the head (tracer.py `_last_block`)."""
-    return {_split(pattern, m.name)[1]: m.activation_bytes for m in rows
-            if _block_of(pattern, m.name) == last - 1}
+def _inner_activations(rows: list[ModuleRow], pattern, last: int, period: int = 1
+                       ) -> dict[tuple[int, str], int]:
+    """{(a row's layer within its block, its name after the layer index): activation bytes} of
+    the block before block `last`: what an inner block keeps at the end of the forward, where
+    the last block's output may be freed by the head (tracer.py `_last_block`)."""
+    return {(_block_of(pattern, m.name) % period, _split(pattern, m.name)[1]): m.activation_bytes
+            for m in rows if _unit_of(pattern, m.name, period) == last - 1}
 
 
-def _as_inner(block_rows: list[ModuleRow], pattern, inner: dict[str, int]) -> list[ModuleRow]:
+def _as_inner(block_rows: list[ModuleRow], pattern, inner: dict, period: int = 1
+              ) -> list[ModuleRow]:
     """The last block's rows with an inner block's activations."""
-    return [m._replace(activation_bytes=inner.get(_split(pattern, m.name)[1], m.activation_bytes))
-            for m in block_rows]
+    return [m._replace(activation_bytes=inner.get(
+        (_block_of(pattern, m.name) % period, _split(pattern, m.name)[1]), m.activation_bytes))
+        for m in block_rows]
 
 
-def _one_more_block(rows: list[ModuleRow], pattern, path: str, work: dict[str, float]
-                    ) -> list[ModuleRow]:
+def _one_more_block(rows: list[ModuleRow], pattern, path: str, work: dict[str, float],
+                    period: int = 1) -> list[ModuleRow]:
     """The module table with one more block: block HIGH-1's rows copied as block HIGH's after
     them, block HIGH-1's own now keeping the activations block HIGH-2's keep (an inner block's,
     `_inner_activations`), and what the block holds added to each row holding it (the stack, the
     model): its parameters, an inner block's activations, and the FLOPs of the ops it runs
     (`work`: forward, backward; not its row's, which the module tracker's backward attribution
-    moves between neighbouring blocks)."""
-    block = f"{path}.{HIGH - 1}"
-    mine = next((m for m in rows if m.name == block), None)
-    if mine is None:
+    moves between neighbouring blocks). A block of `period` layers: their rows."""
+    layers = {f"{path}.{(HIGH - 1) * period + k}": k for k in range(period)}
+    mine = {layers[m.name]: m for m in rows if m.name in layers}
+    if len(mine) != period:
         return list(rows)
     holders = {"(total)"} | {".".join(path.split(".")[:i]) for i in range(1, path.count(".") + 2)}
-    block_rows = [m for m in rows if _block_of(pattern, m.name) == HIGH - 1]
-    inner = _inner_activations(rows, pattern, HIGH - 1)
-    as_inner = dict(zip(map(id, block_rows), _as_inner(block_rows, pattern, inner)))
-    added = inner.get("", mine.activation_bytes)
+    block_rows = [m for m in rows if _unit_of(pattern, m.name, period) == HIGH - 1]
+    inner = _inner_activations(rows, pattern, HIGH - 1, period)
+    as_inner = dict(zip(map(id, block_rows), _as_inner(block_rows, pattern, inner, period)))
+    params = sum(m.params for m in mine.values())
+    trainable = sum(m.trainable_params for m in mine.values())
+    added = sum(inner.get((k, ""), m.activation_bytes) for k, m in mine.items())
     out = []
     for m in rows:
         if m.name in holders:
-            m = ModuleRow(m.name, m.depth, m.params + mine.params,
-                          m.trainable_params + mine.trainable_params,
+            m = ModuleRow(m.name, m.depth, m.params + params, m.trainable_params + trainable,
                           m.activation_bytes + added,
                           m.flops_forward + work["forward"], m.flops_backward + work["backward"])
         out.append(as_inner.get(id(m), m))
         if m is block_rows[-1]:
-            out.extend(_row_copies(block_rows, pattern, [HIGH]))
+            out.extend(_row_copies(block_rows, pattern, [HIGH], period))
     return out
 
 
@@ -441,10 +462,11 @@ def _modules(lo: Trace, hi: Trace, pattern, L: int, line) -> list[ModuleRow]:
     """hi's rows; rows outside the stack on the line through lo's, hi's last block's rows
     copied."""
     by_name = {m.name: m for m in lo.modules}
-    rows, n = [], hi.stack.traced
+    rows, n, period = [], hi.stack.traced, hi.stack.period
     last = n - 1
-    block_rows = [m for m in hi.modules if _block_of(pattern, m.name) == last]
-    inner = _as_inner(block_rows, pattern, _inner_activations(hi.modules, pattern, last))
+    block_rows = [m for m in hi.modules if _unit_of(pattern, m.name, period) == last]
+    inner = _as_inner(block_rows, pattern,
+                      _inner_activations(hi.modules, pattern, last, period), period)
     as_inner = dict(zip(map(id, block_rows), inner))
     tail = block_rows[-1] if block_rows else None
     for m in hi.modules:
@@ -458,8 +480,8 @@ def _modules(lo: Trace, hi: Trace, pattern, L: int, line) -> list[ModuleRow]:
                                   line(a.flops_forward, m.flops_forward),
                                   line(a.flops_backward, m.flops_backward)))
         if m is tail:       # inner blocks as the one before the last, the last as the last
-            rows.extend(_row_copies(inner, pattern, range(n, L - 1)))
-            rows.extend(_row_copies(block_rows, pattern, range(max(n, L - 1), L)))
+            rows.extend(_row_copies(inner, pattern, range(n, L - 1), period))
+            rows.extend(_row_copies(block_rows, pattern, range(max(n, L - 1), L), period))
     return rows
 
 
