@@ -69,7 +69,61 @@ def test_the_cache_serves_the_twin_without_tracing_it(monkeypatch):
     assert traces.traced == 1
     assert flash.semantics == FLASH and _same_step(flash, efficient)
     assert attention_twin(FLASH) == EFFICIENT and attention_twin(EFFICIENT) == FLASH
-    assert attention_twin(KernelSemantics(attention="math")) is None
+    assert attention_twin(MATH) == EFFICIENT
+    assert attention_twin(KernelSemantics(attention="eager")) is None
+
+
+MATH = KernelSemantics(attention="math", autocast_dtype=torch.bfloat16)
+
+
+def _eager():
+    """Gemma-2, whose attention transformers 5.2x runs eager (no SDPA path): no attention call
+    reaches a kernel the semantics choose."""
+    from trainplan.spec import Job
+    return Job(model=shallow("google/gemma-2-2b", 2), seq_len=64, precision="bf16-amp")
+
+
+def test_a_step_without_attention_calls_is_the_same_under_math_and_efficient(monkeypatch):
+    from trainplan.trace.tracer import trace_step
+    job = _eager()
+    math_, efficient = trace_step(job, MATH, 2), trace_step(job, EFFICIENT, 2)
+    assert math_.sdpa_calls == efficient.sdpa_calls == 0
+    assert _same_step(math_, efficient)
+    # a step with attention calls is not: math materialises the scores
+    causal = tiny_job(precision="bf16-amp")
+    m, e = trace_step(causal, MATH, 2), trace_step(causal, EFFICIENT, 2)
+    assert m.sdpa_calls > 0 and e.sdpa_calls > 0 and not _same_step(m, e)
+    # the cache: math read off the efficient trace only where it made no attention call
+    monkeypatch.setenv("TRAINPLAN_JOBS", "1")
+    for j, shared in ((job, True), (causal, False)):
+        traces = Traces()
+        traces.exact(j, EFFICIENT, 2)
+        got = traces.exact(j, MATH, 2)
+        assert traces.traced == (1 if shared else 2) and got.semantics == MATH
+
+
+def test_a_round_asking_math_and_efficient_traces_one_where_they_are_the_same(monkeypatch):
+    """schedule.py `_pairs`: the math request waits for its efficient twin in the round and is
+    made only where the twin made attention calls (one core: nothing runs speculatively)."""
+    monkeypatch.setenv("TRAINPLAN_JOBS", "1")
+    for job, made in ((_eager(), 2), (tiny_job(precision="bf16-amp"), 4)):
+        traces = Traces()
+        traces.prefetch([(job, s, b) for s in (MATH, EFFICIENT) for b in (2, 32)])
+        assert traces.traced == made
+        for b in (2, 32):
+            m, e = traces.exact(job, MATH, b), traces.exact(job, EFFICIENT, b)
+            assert m.semantics == MATH and _same_step(m, e) == (made == 2)
+        assert traces.traced == made
+    # flash, efficient and math asked at once: flash waits for its twin; math, once the model's
+    # traces have made no attention call, is read off the same twin after the round
+    for jobs in ("1", "2"):
+        monkeypatch.setenv("TRAINPLAN_JOBS", jobs)
+        traces = Traces()
+        traces.exact(_eager(), EFFICIENT, 1)             # the model's hint: no attention calls
+        traces.prefetch([(_eager(), s, 2) for s in (FLASH, MATH, EFFICIENT)])
+        assert traces.traced == 2, jobs
+        assert _same_step(traces.exact(_eager(), MATH, 2), traces.exact(_eager(), FLASH, 2))
+        assert traces.traced == 2, jobs
 
 
 def test_after_one_trace_without_flash_a_flash_request_traces_the_twin_first(monkeypatch):

@@ -83,6 +83,9 @@ class TargetSemantics(TorchFunctionMode):
         self._on_weight_cast = on_weight_cast
         self._inside = 0
         self.flash_eligible = 0     # SDPA calls the flash kernel would take (see `_sdpa`)
+        # attention calls whose kernel the semantics chose (`backend`): where none did, flash,
+        # memory-efficient and math attention run the same step (derive/twins.py)
+        self.sdpa_calls = 0
         # SDPA calls given a float mask or bias, and those whose bias needs a gradient (T5's
         # relative position bias on transformers' SDPA path): flash refuses any mask, cuDNN one
         # that requires grad (sdp_utils_cpp.h check_attn_mask_shape); the memory-efficient kernel
@@ -227,6 +230,7 @@ class TargetSemantics(TorchFunctionMode):
         flash takes no arbitrary mask and only fp16/bf16 inputs, the memory-efficient kernel a
         head dim that is a multiple of 8; grouped-query attention (`gqa`: enable_gqa with
         fewer K/V heads) only flash took before torch 2.13 (KernelSemantics.efficient_gqa)."""
+        self.sdpa_calls += 1
         backend = self.sem.attention
         flash_ok = _flash_ok(dtype, head_dim, attn_mask)
         if gqa and not (backend == "flash" and flash_ok) and not self.sem.efficient_gqa and \

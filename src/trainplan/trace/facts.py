@@ -165,6 +165,7 @@ class Trace:
     hidden_size: int = 0              # the model's hidden size where it has one (0: unknown)
     stack: Stack | None = None        # traced with its repeated blocks cut (trace/stack.py)
     flash_eligible: int = 0           # SDPA calls flash would take (emulation.py `_sdpa`)
+    sdpa_calls: int = 0               # attention calls whose kernel it chose (emulation.py)
     # a `py:` model's user code: each .py file loaded when the trace ended -> its SHA-256
     # (models/custom.py `user_files`); the store reads the trace back only while all are unchanged
     sources: dict[str, str] = field(default_factory=dict)

@@ -517,6 +517,7 @@ def _summarise(job, semantics: KernelSemantics, batch: int, setup: _Setup, step:
         modules=_module_rows(model, counter, step.activations_by_module), log=log,
         checkpointed_blocks=setup.checkpointed, lora_modules=setup.lora_names,
         trace_seconds=seconds, notes=notes, stack=stack, flash_eligible=setup.sem.flash_eligible,
+        sdpa_calls=setup.sem.sdpa_calls,
         sources=store.digests(user_files()) if job.model.startswith("py:") else {},
         last_block=step.last_block)
 

@@ -75,7 +75,8 @@ def accumulated(tr: Trace) -> Trace | None:
     return replace(tr, phase_peaks=peaks, peak_allocated_bytes=peak[0], peak_phase=peak[1],
                    peak_breakdown_bytes=peak[2], ops=ops, bytes_moved=moved,
                    log=TraceLog(out, events, blocks, timeline=downsample(timeline)),
-                   flash_eligible=2 * tr.flash_eligible)   # each micro-batch's calls
+                   flash_eligible=2 * tr.flash_eligible,   # each micro-batch's calls
+                   sdpa_calls=2 * tr.sdpa_calls)
 
 
 def _spliced(tl: TraceLog) -> tuple[list, list[Event], list[int] | None] | None:

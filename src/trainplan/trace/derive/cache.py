@@ -30,7 +30,7 @@ from .anchoring import describe, trace_job
 from .replays import prepare
 from .rounds import Deferred, Rounds, asked, may_trace, record
 from .swap import swapped
-from .twins import Twin, as_semantics, attention_twin, hint_key, relabel, twin
+from .twins import Twin, as_semantics, attention_twin, hint_key, relabel, same_under, twin
 
 
 @functools.lru_cache(maxsize=4096)
@@ -84,6 +84,7 @@ class TraceCache(Rounds):
         self._absent: set[tuple] = set()            # looked for in the disk store, not there
         self.deferring: list[tuple] | None = None   # while set: missing traces, recorded
         self._flash_hint: dict[tuple, bool] = {}    # did a trace of this model take flash?
+        self._sdpa_hint: dict[tuple, bool] = {}     # ... make attention calls at all?
         self.traced = 0                             # traces made by this cache
         self.loaded = 0                             # traces read from the disk store
         self._parts: dict[tuple, object] = {}      # optimizers' updates (`_part`)
@@ -151,9 +152,9 @@ class TraceCache(Rounds):
         if self.deferring is not None and at not in self._failed:
             self.deferring.append((job, sem, batch, depth))
             raise Deferred
-        if sem.attention == "flash" and self._hint(job, sem) is False:
+        if sem.attention in ("flash", "math") and self._hint(job, sem) is False:
             first = self._real(job, attention_twin(sem), batch, depth)
-            if first.flash_eligible == 0:   # the same step: shared (twins.attention_twin)
+            if same_under(first, sem):      # the same step: shared (twins.attention_twin)
                 self._store(key, batch, as_semantics(first, sem))
                 return self._exact[at]
         if self._progress:
@@ -231,13 +232,18 @@ class TraceCache(Rounds):
                                                                       key)
 
     def _hint(self, job, sem: KernelSemantics) -> bool | None:
-        """Whether traces of this model at this precision took flash (None: none made yet); it
-        only orders tracing, never decides a result (`_shared` checks each trace)."""
-        return self._flash_hint.get(hint_key(job, sem))
+        """Whether traces of this model at this precision took flash (None: none made yet), or,
+        for math attention, made attention calls at all: whether `sem`'s step may differ from
+        its attention twin's. It only orders tracing, never decides a result (`_shared` checks
+        each trace)."""
+        hints = self._sdpa_hint if sem.attention == "math" else self._flash_hint
+        return hints.get(hint_key(job, sem))
 
     def _learn(self, job, sem: KernelSemantics, tr) -> None:
-        if isinstance(tr, Trace) and sem.attention in ("flash", "efficient"):
-            self._flash_hint[hint_key(job, sem)] = tr.flash_eligible > 0
+        if isinstance(tr, Trace) and sem.attention in ("flash", "efficient", "math"):
+            self._sdpa_hint[hint_key(job, sem)] = tr.sdpa_calls > 0
+            if sem.attention != "math":
+                self._flash_hint[hint_key(job, sem)] = tr.flash_eligible > 0
 
     def _shared(self, job, sem: KernelSemantics, batch: int, depth: int | None) -> Trace | None:
         """The attention twin's trace (in memory or on disk) as this one's, where it is the same
@@ -254,7 +260,7 @@ class TraceCache(Rounds):
         if tkey + (batch,) not in self._exact:
             self._load(tkey, job, other, batch, depth)
         tr = self._exact.get(tkey + (batch,))
-        return as_semantics(tr, sem) if tr is not None and tr.flash_eligible == 0 else None
+        return as_semantics(tr, sem) if tr is not None and same_under(tr, sem) else None
 
     def _held(self, job, sem: KernelSemantics, batch: int, depth: int | None) -> bool:
         """Whether the trace is in this cache, after reading it from the disk store or taking

@@ -4,7 +4,8 @@ asks for, or what an evaluation will read (`prefetch`).
 Each request is made in its canonical form (twins.py `canonical`): a request the cache already
 holds, or reads off the disk store, is not traced. A flash request whose memory-efficient twin
 is asked for too waits for it and is made only where that one took flash calls (the two are the
-same step otherwise: twins.py `attention_twin`); a core that would sit idle makes it anyway.
+same step otherwise: twins.py `attention_twin`); a core that would sit idle makes it anyway. A
+math request waits the same way, made only where its twin made attention calls.
 Of requests that differ only in their optimizer's update (8-bit AdamW beside AdamW, an MPS
 platform's per-parameter loop beside CUDA's multi-tensor step), one is traced and the others
 read off it (`_alike`, cache.py `_swapped`), their updates made beside the traces.
@@ -22,7 +23,7 @@ from .anchoring import describe, describe_forward, describe_update, trace_job
 from .cache import PENDING, TRACED_OPTIMIZERS, TraceCache, variant
 from .replays import prepare
 from .rounds import Deferred
-from .twins import as_semantics, attention_twin, canonical
+from .twins import as_semantics, attention_twin, canonical, same_under
 
 
 class Scheduling(TraceCache):
@@ -80,7 +81,7 @@ class Scheduling(TraceCache):
                 if key not in self._parts}.values()
         if not todo and not fwd:
             return
-        first, then = self._pairs(todo)
+        first, then, parked = self._pairs(todo)
         steps = len(first)
         requests = [r[1:] for r in first] + [request for request, _keep in fwd]
         followups = [then[i][1:] if i in then else None for i in range(steps)] + [None] * len(fwd)
@@ -90,8 +91,10 @@ class Scheduling(TraceCache):
                 return SKIP
             if done:
                 self._learn(first[i][1], first[i][2], result)
-                same = isinstance(result, Trace) and result.flash_eligible == 0
-                return SKIP if i not in then or same else RUN
+                if i not in then:
+                    return SKIP
+                return SKIP if isinstance(result, Trace) and same_under(result, then[i][2]) \
+                    else RUN
             hint = self._hint(then[i][1], then[i][2])
             return RUN if hint else WAIT if hint is False else IDLE
 
@@ -119,6 +122,7 @@ class Scheduling(TraceCache):
                 else:                     # the same step (policy: not made)
                     self._keep(fkey, ftj, fsem, as_semantics(tr, fsem), False)
         left = [r for r in swaps if self._swapped(*r[1:], ask=False) is None]
+        left += [r for r in parked if not self._held(*r[1:])]
         if left:                          # not read off after all: traced
             self.fill([(tj, sem, batch, depth) for _k, tj, sem, batch, depth in left])
 
@@ -143,35 +147,50 @@ class Scheduling(TraceCache):
         order = {id(r): n for n, r in enumerate(todo)}
         return sorted(traced, key=lambda r: order[id(r)]), swaps
 
-    def _pairs(self, todo: list[tuple]) -> tuple[list[tuple], dict[int, tuple]]:
-        """(requests, {i: the flash request that waits for request i}): a flash request whose
-        memory-efficient twin is also asked for, or, where this model's traces have not taken
-        flash (`_hint`), whose twin is added to be traced first unless it is held already (the
-        hint is the model's at this precision: a held twin that is not the same step is not
-        traced again)."""
+    def _pairs(self, todo: list[tuple]) -> tuple[list[tuple], dict[int, tuple], list[tuple]]:
+        """(requests, {i: the flash or math request that waits for request i}, math requests
+        read off their twins after the round): a flash or math request whose memory-efficient
+        twin is also asked for, or, where this model's traces have not taken flash (made no
+        attention call, for math: `_hint`), whose twin is added to be traced first unless it is
+        held already (the hint is the model's at this precision: a held twin that is not the
+        same step is not traced again). One request waits for each twin: a math request whose
+        twin a flash one waits for already is read off it after the round where the model's
+        traces made no attention call, else traced in the round."""
         index = {(key[0], key[1], key[2], key[3]): n for n, (key, *_r) in enumerate(todo)}
         waiting: dict[int, int | None] = {}
+        followed: set[int] = set()
+        parked: list[tuple] = []
         for n, (key, tj, sem, batch, depth) in enumerate(todo):
-            if sem.attention != "flash":
+            if sem.attention not in ("flash", "math"):
                 continue
             m = index.get((key[0], attention_twin(sem).key(), key[2], key[3]))
             if m is not None:
-                waiting[n] = m
+                if m not in followed:     # one request waits for each
+                    waiting[n] = m
+                    followed.add(m)
+                elif sem.attention == "math" and self._hint(tj, sem) is False:
+                    parked.append(todo[n])
             elif self._hint(tj, sem) is False and \
                     not self._held(tj, attention_twin(sem), batch, depth):
                 waiting[n] = None         # (a twin held took flash calls: this one is traced)
-        first = [r for n, r in enumerate(todo) if n not in waiting]
+        kept = {id(r) for r in parked}
+        first = [r for n, r in enumerate(todo) if n not in waiting and id(r) not in kept]
         at = {r[0]: i for i, r in enumerate(first)}     # by request key (keys are unique)
         then = {}
         for n, m in waiting.items():
             key, tj, sem, batch, depth = todo[n]
             if m is None:                 # its twin, traced first
                 other = attention_twin(sem)
-                first.append((self._key(tj, other, depth) + (batch,), tj, other, batch, depth))
+                tkey = self._key(tj, other, depth) + (batch,)
+                if tkey in at:            # added for another request (flash) already: math
+                    (parked if sem.attention == "math" else first).append(todo[n])  # reads it
+                    continue
+                first.append((tkey, tj, other, batch, depth))
+                at[tkey] = len(first) - 1
                 then[len(first) - 1] = todo[n]
             else:
                 then[at[todo[m][0]]] = todo[n]
-        return first, then
+        return first, then, parked
 
     def _keep(self, key: tuple, tj, sem, tr, traced: bool) -> None:
         """A trace from `fill` (`traced`: made, not shared): cached, stored on disk, learnt

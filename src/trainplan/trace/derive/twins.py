@@ -14,7 +14,10 @@ or one's step is read off the other's, one trace serves both.
 * Flash and memory-efficient attention share a trace where no SDPA call could take flash
   (`attention_twin`: a bias such as ALiBi, a padding mask, fp32, a CNN). That is known only once
   one of the two is traced (`Trace.flash_eligible`), so the cache traces the memory-efficient
-  one first and the flash one only where the first took flash calls (schedule.py).
+  one first and the flash one only where the first took flash calls (schedule.py). Math
+  attention shares the memory-efficient trace the same way where no call reached an attention
+  kernel at all (`Trace.sdpa_calls`: a CNN, a model whose attention transformers runs eager,
+  Gemma-2 on 5.2x): the semantics' attention is read nowhere else (emulation.py `backend`).
 
 `canonical(job, sem)` applies the first three: the (job, semantics) whose real trace is made for
 a request; the trace cache (cache.py) and its prefetching (schedule.py) both read it.
@@ -83,13 +86,23 @@ def canonical(job, sem: KernelSemantics) -> tuple[object, KernelSemantics]:
 
 
 def attention_twin(sem: KernelSemantics) -> KernelSemantics | None:
-    """The flash semantics' memory-efficient twin and back. The two part only where an SDPA
-    call can take flash (no mask, 16-bit, head dim <= 256: emulation.py `_sdpa`); a step with no
-    such call (an attention bias such as ALiBi, a padding mask, fp32, no SDPA at all: CNNs) runs
-    the same ops, allocations and FLOPs under either, and one trace serves both
-    (`Trace.flash_eligible` == 0)."""
-    other = {"flash": "efficient", "efficient": "flash"}.get(sem.attention)
+    """The flash semantics' memory-efficient twin and back, and the math semantics'
+    memory-efficient twin. Flash and efficient part only where an SDPA call can take flash (no
+    mask, 16-bit, head dim <= 256: emulation.py `_sdpa`); a step with no such call (an attention
+    bias such as ALiBi, a padding mask, fp32, no SDPA at all: CNNs) runs the same ops,
+    allocations and FLOPs under either, and one trace serves both (`same_under`). Math parts
+    from efficient wherever an attention call is made."""
+    other = {"flash": "efficient", "efficient": "flash", "math": "efficient"}.get(sem.attention)
     return replace(sem, attention=other) if other else None
+
+
+def same_under(tr: Trace, sem: KernelSemantics) -> bool:
+    """Whether `tr`, traced under its attention twin's semantics (`attention_twin`), is the step
+    under `sem` too: no call could take flash (flash and efficient), or no call reached an
+    attention kernel (math and either)."""
+    if "math" in (sem.attention, tr.semantics.attention):
+        return tr.sdpa_calls == 0
+    return tr.flash_eligible == 0
 
 
 def hint_key(job, sem: KernelSemantics) -> tuple:
