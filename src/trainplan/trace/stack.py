@@ -57,13 +57,14 @@ class Stack:
     traced: int        # in the traced (cut) model
     period: int = 1    # layers a block
 
-    def describe(self) -> str:
+    def describe(self, traced: str | None = None) -> str:
         """'4 of its 16 alike blocks (model.layers)', or with layers grouped in periods '8 of
-        its 42 layers, 4 of its 21 alike blocks of 2 (model.layers)'."""
-        if self.period == 1:
-            return f"{self.traced} of its {self.blocks} alike blocks ({self.path})"
-        return (f"{self.traced * self.period} of its {self.blocks * self.period} layers, "
-                f"{self.traced} of its {self.blocks} alike blocks of {self.period} ({self.path})")
+        its 42 layers, 4 of its 21 alike blocks of 2 (model.layers)'; `traced`: what was traced,
+        in blocks, instead ('3 and with 4')."""
+        alike = "alike blocks" if self.period == 1 else f"alike blocks of {self.period}"
+        layers = "" if self.period == 1 or traced is not None else \
+            f"{self.traced * self.period} of its {self.blocks * self.period} layers, "
+        return f"{layers}{traced or self.traced} of its {self.blocks} {alike} ({self.path})"
 
 
 def _signature(block: nn.Module) -> tuple:

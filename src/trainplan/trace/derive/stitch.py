@@ -178,9 +178,8 @@ def stitch(lo: Trace, hi: Trace, tagged: Trace | None = None) -> Trace | None:
         notes=list(hi.notes) + [
             f"traced with {replace(hi.stack, traced=HIGH).describe()}; the step adds the other "
             f"{L - HIGH} as copies of the last" if extended else
-            f"traced with {LOW} and with {HIGH} of its {L} alike blocks"
-            f"{f' of {period}' if period > 1 else ''} ({path}); the step adds the other "
-            f"{L - HIGH} as copies"])
+            f"traced with {hi.stack.describe(f'{LOW} and with {HIGH}')}; the step adds the "
+            f"other {L - HIGH} as copies"])
     # the whole stack's replay is made when a fit is asked of this trace (replays.py
     # `fragmentation`: the anchors', not every micro-batch a search reads off their line)
     rep = repeats(tagged, L)
