@@ -68,10 +68,11 @@ def _block_of(pattern: re.Pattern, name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _split(pattern: re.Pattern, name: str) -> tuple[str, str]:
-    """`name` around its block index (a, b): block i's name is a + str(i) + b."""
+def _in_block(pattern: re.Pattern, name: str, period: int) -> tuple[str, int, str]:
+    """`name` around its layer index j: (a, j's place in its block of `period` layers, b); layer
+    i's name is a + str(i) + b."""
     m = pattern.search(name)
-    return name[: m.start(1)], name[m.end(1):]
+    return name[: m.start(1)], int(m.group(1)) % period, name[m.end(1):]
 
 
 def _unit_of(pattern: re.Pattern, name: str, period: int) -> int | None:
@@ -392,21 +393,20 @@ def _with_copies(items: list[str], pattern, last: int, blocks: int, period: int 
     each of the ~430 traces a warm plan over every platform stitches, a tenth of its time,
     profiled)."""
     def made() -> list[str]:
-        tails = [(_split(pattern, n), _block_of(pattern, n) % period) for n in items
+        tails = [_in_block(pattern, n, period) for n in items
                  if _unit_of(pattern, n, period) == last]
-        return list(items) + [f"{a}{i * period + r}{b}" for i in range(last + 1, blocks)
-                              for (a, b), r in tails]
+        return list(items) + [f"{a}{i * period + k}{b}" for i in range(last + 1, blocks)
+                              for a, k, b in tails]
     return Lazy(made)
 
 
 def _row_copies(block_rows: list[ModuleRow], pattern, blocks, period: int = 1
                 ) -> list[ModuleRow]:
     """One block's module rows (its `period` layers'), renamed as each of `blocks`'."""
-    tails = [(_split(pattern, r.name), _block_of(pattern, r.name) % period, r)
-             for r in block_rows]
+    tails = [(_in_block(pattern, r.name, period), r) for r in block_rows]
     return [ModuleRow(f"{a}{i * period + k}{b}", r.depth, r.params, r.trainable_params,
                       r.activation_bytes, r.flops_forward, r.flops_backward)
-            for i in blocks for (a, b), k, r in tails]
+            for i in blocks for (a, k, b), r in tails]
 
 
 def _inner_activations(rows: list[ModuleRow], pattern, last: int, period: int = 1
@@ -414,16 +414,15 @@ def _inner_activations(rows: list[ModuleRow], pattern, last: int, period: int = 
     """{(a row's layer within its block, its name after the layer index): activation bytes} of
     the block before block `last`: what an inner block keeps at the end of the forward, where
     the last block's output may be freed by the head (tracer.py `_last_block`)."""
-    return {(_block_of(pattern, m.name) % period, _split(pattern, m.name)[1]): m.activation_bytes
+    return {_in_block(pattern, m.name, period)[1:]: m.activation_bytes
             for m in rows if _unit_of(pattern, m.name, period) == last - 1}
 
 
 def _as_inner(block_rows: list[ModuleRow], pattern, inner: dict, period: int = 1
               ) -> list[ModuleRow]:
     """The last block's rows with an inner block's activations."""
-    return [m._replace(activation_bytes=inner.get(
-        (_block_of(pattern, m.name) % period, _split(pattern, m.name)[1]), m.activation_bytes))
-        for m in block_rows]
+    return [m._replace(activation_bytes=inner.get(_in_block(pattern, m.name, period)[1:],
+                                                  m.activation_bytes)) for m in block_rows]
 
 
 def _one_more_block(rows: list[ModuleRow], pattern, path: str, work: dict[str, float],
