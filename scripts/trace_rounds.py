@@ -10,7 +10,10 @@ precision and strategy), each generation forward (`Forward`: sequences, new toke
 and each optimizer's update (`OptimizerStep`, what a step with it is read off with),
 how many follow-ups it made, its wall time and when it started; every trace made one at a time
 in this process, and the total. Set TRAINPLAN_TRACE_CACHE to an empty folder for a cold run
-(nothing read from the trace store).
+(nothing read from the trace store). With TRAINPLAN_JOBS=1 every trace is made in this process,
+and the total also counts the ops the traces dispatched (each op through the tracer's
+`StepCounter.__torch_dispatch__`, trace/counters.py): what a cold plan's tracing costs is that
+count times a dispatch (scripts/dispatch_floor.py).
 The README's "Speed of analysis" cites runs of this script.
 """
 import os
@@ -70,6 +73,15 @@ def main() -> int:
             return out
         return trace_all
 
+    ops = [0]
+    if os.environ.get("TRAINPLAN_JOBS") == "1":        # traces in this process: count their ops
+        from trainplan.trace.counters import StepCounter
+        dispatch = StepCounter.__torch_dispatch__
+
+        def counted(self, func, types, args=(), kwargs=None):
+            ops[0] += 1
+            return dispatch(self, func, types, args, kwargs)
+        StepCounter.__torch_dispatch__ = counted
     traces.trace_all = watched(traces.trace_all, "round")
     cache.trace_all = watched(cache.trace_all, "one")
     generation.trace_all = watched(generation.trace_all, "one")
@@ -78,7 +90,8 @@ def main() -> int:
         code = trainplan(sys.argv[1:])
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
-    _say(f"total {time.perf_counter() - T0:.1f} s")
+    _say(f"total {time.perf_counter() - T0:.1f} s" +
+         (f"; {ops[0]:,} ops dispatched by the traces" if ops[0] else ""))
     sys.stdout.flush()
     os._exit(code or 0)      # as the CLI does: no interpreter tear-down of the worker pool
 
