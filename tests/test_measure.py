@@ -131,6 +131,26 @@ def test_measure_grad_accum_and_qlora_runs(tmp_path):
     assert math.isfinite(m["loss_first"]) and math.isfinite(m["loss_last"])
 
 
+@pytest.mark.parametrize("algorithm, fix", [
+    ("grpo", "--algorithm sft --batch-size 2 --seq-len 32, and its generation with --task "
+             "generate --prompt-len 16 --completion-len 16"),
+    ("dpo", "--algorithm sft --batch-size 4 --seq-len 32;")])
+def test_measure_refuses_a_post_training_step_it_would_not_run(tmp_path, algorithm, fix):
+    """`trainplan measure` runs the traced training step alone; an --algorithm step's prediction
+    adds generation and reference forwards around it, so timing one against the other would
+    compare two different steps (and `calibrate` would read the ratio). Refused before anything
+    runs or is written, with the training step and generation to measure instead: a DPO pair is
+    two sequences."""
+    from trainplan.algorithm import Rollout
+    rollout = Rollout(prompt_len=16, completion_len=16) if algorithm == "grpo" else None
+    job = tiny_job(algorithm=algorithm, rollout=rollout)
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(TrainplanError, match=f"an --algorithm {algorithm} step") as e:
+        run_measurement(job, steps=1, out=out)
+    assert fix in e.value.fix and "TrainplanCallback" in e.value.fix
+    assert not out.exists()
+
+
 def test_measure_refuses_multi_device(tmp_path):
     f = tmp_path / "tiny.yaml"
     f.write_text(TINY_YAML)

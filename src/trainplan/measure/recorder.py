@@ -75,6 +75,34 @@ def check_measurable(job: Job) -> None:
         raise TrainplanError(f"--offload {job.offload} is predicted (DeepSpeed ZeRO-Offload) but "
                              "trainplan measure does not run it.",
                              fix="measure with --offload none")
+    if job.algorithm != "sft":
+        what, fix = _algorithm_refusal(job)
+        raise TrainplanError(what, fix=fix)
+
+
+def _algorithm_refusal(job: Job) -> tuple[str, str]:
+    """Why `trainplan measure` does not time a post-training job's step, and what to measure:
+    it runs the traced training step alone, and the prediction of an --algorithm step adds the
+    phases around it (predict/algorithms.py), so the two would not be of the same step. A real
+    TRL run, whose Trainer steps include every phase, is recorded by TrainplanCallback."""
+    from ..algorithm import GENERATES, sequences_per_sample
+    algo = job.algorithm
+    phases = {"grpo": "generating the completions (and the reference's and old policy's "
+                      "forwards where asked)",
+              "ppo": "generating, the reference, reward and value forwards and the value "
+                     "model's step",
+              "dpo": "the reference model's forward"}.get(algo, "its other phases")
+    batch = job.batch_size * sequences_per_sample(algo)
+    train = f"--algorithm sft --batch-size {batch} --seq-len {job.seq_len}"
+    fix = f"time the step {algo.upper()} trains on with {train}"
+    if algo in GENERATES and job.rollout is not None:
+        fix += (f", and its generation with --task generate --prompt-len "
+                f"{job.rollout.prompt_len} --completion-len {job.rollout.completion_len}")
+    fix += ("; a real TRL run is recorded whole with trainplan.measure.TrainplanCallback on its "
+            "trainer")
+    return (f"trainplan measure runs the training step alone; an --algorithm {algo} step also "
+            f"runs {phases}, which it would not run, so the measurement and the prediction would "
+            "not be of the same step.", fix)
 
 
 def predict(job: Job, accel_id: str) -> Predicted:
