@@ -193,6 +193,18 @@ def test_calibration_changes_only_its_accelerator(measured, home, tmp_path):
             assert to_json(got)["calibration"] is None
 
 
+def test_a_whole_post_training_step_does_not_calibrate_the_training_step(measured):
+    """A TRL GRPOTrainer run recorded with TrainplanCallback times the whole step, generation
+    included; a calibration scales the training step alone (before the algorithm's phases), so
+    such a record is shown beside its prediction but calibrates nothing, and says why."""
+    rec = json.loads(json.dumps(measured[0]))
+    rec["job"]["algorithm"] = "grpo"
+    ok, why = cal.usable(rec)
+    assert not ok and "--algorithm grpo" in why and "--task generate" in why
+    assert cal.fit([rec]) == {}
+    assert set(cal.fit([measured[0], rec])) == {"t4"}
+
+
 def test_estimate_report_says_calibrated(measured, capsys):
     from trainplan.report.estimate_report import estimate_text
     rec, out, job = measured

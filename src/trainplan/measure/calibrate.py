@@ -68,6 +68,13 @@ def usable(rec: dict) -> tuple[bool, str]:
         return False, "no prediction (the job could not be traced)"
     if not meas.get("step_time_s"):
         return False, "no measured step time"
+    algorithm = (rec.get("job") or {}).get("algorithm") or "sft"
+    if algorithm != "sft":
+        # a calibration scales the training step's time (predict/evaluate.py, before the
+        # algorithm's phases are added); a whole GRPO/DPO/PPO step's ratio mixes in its
+        # generation and reference forwards, which that factor does not apply to
+        return False, (f"a whole --algorithm {algorithm} step (TrainplanCallback); calibrate "
+                       "reads training steps, and generation from `measure --task generate`")
     return True, ""
 
 
