@@ -5,19 +5,29 @@ Run: python scripts/host_paths.py
 scripts/host_dispatch.py measures PyTorch's dispatch by path on bare functional ops; the time
 model's host costs (predict/host.py) are built from those, times one fitted scale. This measures
 the same paths through a real transformers decoder (Qwen2's code: 24 layers, hidden 64, so the
-kernels cost next to nothing on the CPU and what is timed is the host's work): a training
-forward under autograd, its backward, and a decode step of `generate` (no grad, KV cache,
-greedy), each as seconds per kernel dispatched (the views and other kernel-less ops between
-kernels included in the time, counted apart). Best of 20 (generate: of 5, per token between 16
-and 64 new tokens). docs/validation.md ("Generation against published decode throughput") says
-what it shows.
+kernels cost next to nothing on the CPU and what is timed is the host's work), each as seconds
+per kernel dispatched (the views and other kernel-less ops between kernels included in the
+time): a training forward under autograd, its backward, a decode step of `generate` (no grad, KV
+cache, greedy), and the training step with every layer checkpointed as trainplan's traces and
+`trainplan measure` checkpoint it (trace/checkpointing.py: torch.utils.checkpoint, non-reentrant,
+one block a layer). Best of 20 (generate: of 5, per token between 16 and 64 new tokens).
+
+The checkpointed step's host time beyond its forward and backward kernels at the plain step's
+costs, over the kernels its backward reruns, is a rerun kernel's cost: the rerun op's own forward
+dispatch (one forward kernel) and the checkpoint's work (a pack hook on every tensor the block
+saves in the forward, the unpack, the rerun's bookkeeping and its check of what it recomputed)
+spread over them. That work, a rerun kernel's cost less a forward kernel, is Python with no
+kernel launch in it: scripts/calibrate_time.py CHECKPOINT_S (predict/host.py `checkpoint_s`).
+docs/validation.md says what each figure shows and what the fit does with it.
 """
 from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 sys.modules.setdefault("torchvision", None)    # transformers' optional import; not needed here
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
@@ -50,29 +60,41 @@ def _best(fn, n: int = 20) -> float:
     return best
 
 
-def main() -> int:
+def _model(checkpointed: bool):
     from transformers import Qwen2Config, Qwen2ForCausalLM
+    from trainplan.trace.checkpointing import apply_checkpointing
     torch.manual_seed(0)
     cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=24,
                       num_attention_heads=2, num_key_value_heads=1, vocab_size=256,
                       attn_implementation="sdpa")
     model = Qwen2ForCausalLM(cfg)
-    ids = torch.randint(0, 256, (1, 8))
+    if checkpointed:
+        apply_checkpointing(model, "full")
+    return model
 
+
+def _training(model, ids) -> tuple[float, float, int, int]:
+    """(forward s, backward s, forward kernels, backward kernels) of one training step."""
     def forward():
         return model(input_ids=ids, labels=ids).loss
 
     def step():
         forward().backward()
 
-    fwd = Count()
-    with fwd:
+    c = Count()
+    with c:
         loss = forward()
-    bwd = Count()
-    with bwd:
+        k_fwd = c.kernels
         loss.backward()
     t_f = _best(forward)
-    t_b = _best(step) - t_f
+    return t_f, _best(step) - t_f, k_fwd, c.kernels - k_fwd
+
+
+def main() -> int:
+    ids = torch.randint(0, 256, (1, 8))
+    model = _model(False)
+    t_f, t_b, k_f, k_b = _training(model, ids)
+    f, b = t_f / k_f, t_b / k_b
     model.eval()
 
     def generate(n):
@@ -85,12 +107,20 @@ def main() -> int:
         cache = model(input_ids=ids, use_cache=True).past_key_values
         with dec:
             model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True)
-    rows = (("training forward", t_f, fwd), ("backward", t_b, bwd),
-            ("decode step (generate)", per_token, dec))
-    for name, seconds, c in rows:
-        print(f"{name:24s} {seconds * 1e3:6.2f} ms  {c.kernels:5d} kernels {c.views:5d} views  "
-              f"{seconds / c.kernels * 1e6:6.2f} us a kernel ({seconds / c.kernels / (t_f / fwd.kernels):.2f} "
-              f"of a forward kernel)")
+    ck_f, ck_b, ck_kf, ck_kb = _training(_model(True), ids)
+    rerun = ck_kb - k_b
+    extra = ck_f + ck_b - ck_kf * f - k_b * b
+    rows = (("training forward", t_f, k_f), ("backward", t_b, k_b),
+            ("decode step (generate)", per_token, dec.kernels),
+            ("checkpointed forward", ck_f, ck_kf), ("checkpointed backward", ck_b, ck_kb))
+    for name, seconds, kernels in rows:
+        print(f"{name:23s} {seconds * 1e3:6.2f} ms {kernels:5d} kernels  "
+              f"{seconds / kernels * 1e6:6.2f} us a kernel ({seconds / kernels / f:.2f} of a "
+              f"forward kernel)")
+    print(f"rerun kernels {rerun}: the checkpointed step's host beyond its forward and backward "
+          f"kernels {extra * 1e3:.2f} ms, {extra / rerun * 1e6:.1f} us a rerun kernel "
+          f"({extra / rerun / f:.2f} of a forward kernel); the checkpoint's own work "
+          f"{(extra / rerun - f) * 1e6:.1f} us a rerun kernel")
     return 0
 
 

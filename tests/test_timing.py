@@ -489,7 +489,7 @@ def test_op_table_rows_are_those_of_keying_every_record():
                 rows.append(-1)
                 continue
             k = _key(o.name, o.family, o.dtype, o.phase, o.flops, o.bytes, o.group_channels,
-                     o.shape)
+                     o.shape, o.recompute)
             rows.append(index.setdefault(k, len(keys)))
             if rows[-1] == len(keys):
                 keys.append(k)
@@ -550,3 +550,36 @@ def test_a_table_timed_again_is_read_from_its_memo_and_only_for_the_same_inputs(
         estimate_step_time(tr, t4, job(), calibration=replace(bundled(), bw_eff=0.5 + i / 1000))
     assert len(table.memo.timed) == MEMO_ENTRIES
     assert step("a100-80gb") == first
+
+
+def test_a_checkpointed_blocks_rerun_costs_the_host_its_measured_share():
+    """Full checkpointing reruns each block's forward in the backward, and torch.utils.checkpoint
+    does more than rerun it (a hook on every saved tensor, the rerun's bookkeeping and checks):
+    with that measured (`checkpoint_s`, scripts/host_paths.py; Python, no launch in it, so not
+    scaled), each rerun kernel costs the host a forward op's dispatch plus it; without it (the
+    bundled fit, docs/validation.md) a backward op's, as before. The step's queue (its fast path,
+    host.step_queue) charges exactly what issue_times does kernel by kernel."""
+    import dataclasses
+    import numpy as np
+    from trainplan.predict.host import host_costs, issue_times, step_queue
+    tiny = validate(Job(model=GPT2, batch_size=1, seq_len=64, precision="bf16-amp",
+                        grad_checkpointing="full"))
+    table = summarize(trace_step(tiny, KernelSemantics(attention="flash",
+                                                       autocast_dtype=torch.bfloat16)))
+    rerun = table.recompute[table.seq]
+    backward = ~rerun & (table.phase[table.seq] == 1)
+    assert rerun.sum() > 0 and not (rerun & (table.phase[table.seq] != 1)).any()
+    base = bundled()
+    assert base.host_dispatch.checkpoint_s is None
+    measured = dataclasses.replace(base, host_dispatch=dataclasses.replace(
+        base.host_dispatch, checkpoint_s=31.5e-6))
+    zero = np.zeros(len(table.name))
+    for p, rerun_cost in ((base, host_costs(base)["backward"]),
+                          (measured, host_costs(measured)["forward"] + 31.5e-6)):
+        c = host_costs(p)
+        assert c["recompute"] == pytest.approx(rerun_cost)
+        host = issue_times(table, p)
+        views = table.seq_host * c["view"]
+        assert np.allclose(host[rerun] - views[rerun], c["recompute"])
+        assert np.allclose(host[backward] - views[backward], c["backward"])
+        assert step_queue(table, zero, p).seconds == pytest.approx(float(host.sum()), rel=1e-9)

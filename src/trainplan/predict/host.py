@@ -19,10 +19,16 @@ repetition's max term: the host's lag grows each time only when the host is the 
 
 What a kernel costs the host depends on who issues it: a forward op under autograd (Python
 module code, the autograd graph recorded), a backward op (issued by autograd's C++ engine), a
-no-grad forward as in generation, an optimizer step's multi-tensor op (a Python call, as a
-forward op); each view or other kernel-less op before it costs a view's dispatch. Per kind,
+checkpointed block's op rerun in the backward (the block's forward again, a forward op's
+dispatch, and torch.utils.checkpoint's own work: a hook on every tensor the block saved, the
+rerun's bookkeeping and its check of what it recomputed, `checkpoint_s` a rerun op, measured
+through a real checkpointed decoder, scripts/host_paths.py; the forward's share of that work is
+counted here too, as the rerun repeats the forward's ops one for one), a no-grad forward as in
+generation, an optimizer step's multi-tensor op (a Python call, as a forward op); each view or
+other kernel-less op before it costs a view's dispatch. Per kind,
 
-    h_kind = host_scale x dispatch_kind + cuda_launch_s      (a view: host_scale x dispatch_view)
+    h_kind = host_scale x dispatch_kind + cuda_launch_s      (a view: host_scale x dispatch_view;
+                                                  a rerun op: h_forward + checkpoint_s)
 
 `dispatch_kind` is PyTorch's own dispatch cost by path, measured on a CPU with tensors too small
 to cost anything (scripts/host_dispatch.py; efficiency.json `host_dispatch`): what separates the
@@ -94,8 +100,11 @@ def _segment(host: np.ndarray, device: np.ndarray) -> Queue:
 def host_costs(p: TimeParams) -> dict[str, float]:
     """Seconds the reference host spends issuing one op of each kind (module docstring)."""
     d, scale, launch = p.host_dispatch, p.host_scale, p.cuda_launch_s
+    rerun = scale * d.backward_op_s if d.checkpoint_s is None else \
+        scale * d.forward_op_s + d.checkpoint_s
     return {"forward": scale * d.forward_op_s + launch,
             "backward": scale * d.backward_op_s + launch,
+            "recompute": rerun + launch,
             "inference": scale * d.inference_op_s + launch,
             "view": scale * d.view_s}
 
@@ -108,7 +117,8 @@ def issue_times(table: OpTable, p: TimeParams, speed: float = 1.0, inference: bo
     per_phase = np.array([c["inference" if inference else "forward"], c["backward"],
                           c["forward"]], dtype=float)
     ph = table.phase[table.seq]
-    h = per_phase[ph] + table.seq_host * c["view"]
+    h = np.where(table.recompute[table.seq], c["recompute"], per_phase[ph]) + \
+        table.seq_host * c["view"]
     return h * (max(1, processes) / max(speed, 1e-9))
 
 
@@ -143,8 +153,8 @@ class _Issue:
 
     n_fwd: int
     n_mb: int
-    counts: np.ndarray       # (4, len(seq)): forward, backward, optimizer kernels, views so far
-    sync: bool
+    counts: np.ndarray       # (5, len(seq)): forward, backward, optimizer, rerun kernels and
+    sync: bool               # views so far
 
 
 def _issue(table: OpTable) -> _Issue:
@@ -155,9 +165,11 @@ def _issue(table: OpTable) -> _Issue:
     n_fwd, n_mb = int((ph == FORWARD).sum()), int((ph != OPTIMIZER).sum())
     if not (np.all(ph[:n_fwd] == FORWARD) and np.all(ph[n_fwd:n_mb] != OPTIMIZER)):
         raise ValueError("the op table's order is not forward, backward, optimizer")
-    kinds = np.stack([ph == FORWARD, (ph != FORWARD) & (ph != OPTIMIZER), ph == OPTIMIZER,
+    rerun = table.recompute[table.seq]
+    kinds = np.stack([ph == FORWARD, (ph != FORWARD) & (ph != OPTIMIZER) & ~rerun,
+                      ph == OPTIMIZER, rerun & (ph != FORWARD),
                       np.zeros(len(ph), dtype=bool)]).astype(float)
-    kinds[3] = table.seq_host
+    kinds[4] = table.seq_host
     counts = np.concatenate([np.cumsum(kinds[:, :n_mb], axis=1),
                              np.cumsum(kinds[:, n_mb:], axis=1)], axis=1)
     memo = table.memo.issue = _Issue(n_fwd, n_mb, counts, bool(sync_mask(table).any()))
@@ -180,7 +192,7 @@ def step_queue(table: OpTable, device: np.ndarray, p: TimeParams, k: int = 1, sp
         q_opt = run_queue(host[op], dev[op], sync[op])
     else:
         c = host_costs(p)
-        w = np.array([c["forward"], c["backward"], c["forward"], c["view"]]) * (
+        w = np.array([c["forward"], c["backward"], c["forward"], c["recompute"], c["view"]]) * (
             max(1, processes) / max(speed, 1e-9))
         h_cum = w @ iss.counts
         q_fw, q_mb, q_opt = _prefixes(h_cum, dev, iss.n_fwd, iss.n_mb)

@@ -65,13 +65,14 @@ class OpTable:
     count: np.ndarray
     group_channels: np.ndarray = None   # convolutions: input channels per group (1 = depthwise)
     shape: np.ndarray = None            # trace/shapes.py: GEMMs, attention dims, list lengths
+    recompute: np.ndarray = None        # the backward's rerun of a checkpointed block's op
     meta: dict = field(default_factory=dict)   # model_flops, gradient_bytes, params_total, ...
     seq: np.ndarray = None              # the step's kernels in issue order (indices)
     seq_host: np.ndarray = None         # kernel-less ops the host dispatched before each
     memo: TableMemo = field(default_factory=TableMemo, repr=False, compare=False)
 
     COLS = ("name", "family", "dtype", "phase", "conv", "flops", "bytes", "count",
-            "group_channels", "shape")
+            "group_channels", "shape", "recompute")
 
     def __post_init__(self):
         n = len(self.flops)
@@ -80,6 +81,8 @@ class OpTable:
         if self.shape is None:
             self.shape = np.empty(n, dtype=object)
             self.shape[:] = [()] * n
+        if self.recompute is None:
+            self.recompute = np.zeros(n, dtype=bool)
         if self.seq is None:        # no order known: each op its count of times, phase by phase
             self.seq = np.repeat(np.arange(n), self.count)
             self.seq = self.seq[np.argsort(self.phase[self.seq], kind="stable")]
@@ -102,7 +105,9 @@ class OpTable:
             shape = np.empty(len(c["shape"]), dtype=object)
             shape[:] = [tuple(s) for s in c["shape"]]
         seq = d.get("seq")
+        recompute = np.asarray(c["recompute"], dtype=bool) if "recompute" in c else None
         return cls(name=np.asarray(c["name"], dtype=object), conv=np.asarray(c["conv"], dtype=bool),
+                   recompute=recompute,
                    flops=np.asarray(c["flops"], float), bytes=np.asarray(c["bytes"], float),
                    meta=d["meta"], shape=shape,
                    seq=None if seq is None else np.asarray(seq, dtype=np.int64),
@@ -160,15 +165,16 @@ def _in_order(ops: list, parts: tuple | None = None) -> tuple[np.ndarray, list]:
 # an OpRecord's fields a table row is keyed on, as they are (trace/facts.py): name, family,
 # dtype, phase, FLOPs, bytes, channels per group, shape; and its host ops
 _RAW = itemgetter(*(OpRecord._fields.index(f) for f in (
-    "name", "family", "dtype", "phase", "flops", "bytes", "group_channels", "shape")))
+    "name", "family", "dtype", "phase", "flops", "bytes", "group_channels", "shape",
+    "recompute")))
 _HOST = itemgetter(OpRecord._fields.index("host_ops"))
 
 
-def _key(name, family, dtype, phase, flops, nbytes, group_channels, shape) -> tuple:
+def _key(name, family, dtype, phase, flops, nbytes, group_channels, shape, recompute) -> tuple:
     """A table row's key: what the time model tells kernels apart by."""
     return (name, _FAMILY[family], DTYPES.get(dtype, 3), _PHASE[phase],
             "convolution" in name, float(flops), float(nbytes), int(group_channels),
-            tuple(shape))
+            tuple(shape), bool(recompute))
 
 
 def _rows(distinct: list) -> tuple[np.ndarray, list[tuple]]:
@@ -212,14 +218,14 @@ def summarize(trace) -> OpTable:
     seq_host = host[order][worked]
     counts = np.bincount(seq, minlength=len(keys))
     if not keys:
-        keys, counts = [("none", 2, 3, 0, False, 0.0, 0.0, 0, ())], [0]
+        keys, counts = [("none", 2, 3, 0, False, 0.0, 0.0, 0, (), False)], [0]
     arr = list(zip(*keys))
     shape = np.empty(len(keys), dtype=object)
     shape[:] = list(arr[8])
     table = OpTable(np.array(arr[0], dtype=object), np.array(arr[1]), np.array(arr[2]),
                     np.array(arr[3]), np.array(arr[4], bool), np.array(arr[5], float),
                     np.array(arr[6], float), np.array(counts), np.array(arr[7], dtype=np.int64),
-                    shape,
+                    shape, recompute=np.array(arr[9], dtype=bool),
                     meta={"model_flops": float(trace.model_flops),
                           "gradient_bytes": float(trace.gradient_bytes),
                           "params_total": int(trace.params_total),

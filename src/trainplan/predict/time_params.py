@@ -26,7 +26,8 @@ FP32 CUDA-core matmul, fraction of the FP32 peak, per accelerator id; the median
 for a device without its own), `attn_generation` (fused attention's fraction by
 compute capability against Ampere's), `attn_head_dim_half` and `attn_seq_half`
 (FlashAttention-2's published curves), `cuda_launch_s` and `host_dispatch` (PyTorch's dispatch
-cost per path, scripts/host_dispatch.py).
+cost per path, scripts/host_dispatch.py; a checkpointed block's rerun op,
+scripts/host_paths.py).
 
 A missing optional value takes the neutral default below (what the model computes without it:
 no convolution penalty, no per-kernel time); the calibration script builds a `TimeParams` from
@@ -52,6 +53,12 @@ class HostDispatch:
     backward_op_s: float
     inference_op_s: float
     view_s: float
+    # torch.utils.checkpoint's own work (its hooks on every saved tensor, the rerun's bookkeeping
+    # and checks) per op a checkpointed block reruns in the backward: Python on the host CPU, no
+    # kernel launch in it, so not scaled by `host_scale` (predict/host.py); the rerun op itself is
+    # a forward op's dispatch. None (the bundled fit: measured, not yet adopted, docs/validation.md
+    # "A checkpointed block's rerun on the host"): a rerun op costs a backward op's
+    checkpoint_s: float | None = None
 
 
 @dataclass(frozen=True, eq=False)
