@@ -90,20 +90,10 @@ def trainplan_step() -> int:
         json.dump(cfg, f)
     job = validate(Job(model=f"hf:{path}", seq_len=SEQ, batch_size=BATCH, precision="fp32"))
     sem = semantics_for(job, get_accelerator("a100-sxm4-80gb"))
-    from trainplan.trace.counters import StepCounter
-    seen = [0]
-    original = StepCounter.__torch_dispatch__
-
-    def counted(self, func, types, args=(), kwargs=None):
-        seen[0] += 1
-        return original(self, func, types, args, kwargs)
-
-    StepCounter.__torch_dispatch__ = counted
-    try:
+    from trace_rounds import counting_ops      # scripts/, beside this one
+    with counting_ops() as ops:
         trace_step(job, sem, BATCH, depth=4)
-    finally:
-        StepCounter.__torch_dispatch__ = original
-    return seen[0]
+    return ops[0]
 
 
 def _best(fn) -> tuple[float, int]:

@@ -34,16 +34,22 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from trainplan.measure.device import cpu_model
 
 
-class _Count(TorchDispatchMode):
-    def __init__(self):
+# ops that launch no kernel: views and aliases
+VIEWS = frozenset({"view", "t", "transpose", "unsqueeze", "expand", "permute", "_unsafe_view",
+                   "detach", "alias", "as_strided", "slice", "select", "squeeze"})
+
+
+class Count(TorchDispatchMode):
+    """Counts the ops dispatched under it: `views` (by name, `view_names`), the rest `kernels`."""
+
+    def __init__(self, view_names: frozenset = VIEWS):
         super().__init__()
+        self.view_names = view_names
         self.kernels = self.views = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        name = func.__name__.split(".")[0]
-        if name in ("view", "t", "transpose", "unsqueeze", "expand", "permute", "_unsafe_view",
-                    "detach", "alias", "as_strided", "slice", "select", "squeeze"):
+        if func.__name__.split(".")[0] in self.view_names:
             self.views += 1
         else:
             self.kernels += 1
@@ -67,7 +73,8 @@ def _params(d: int, grad: bool):
     return p(2 * d, d), p(2 * d), p(d, 2 * d), p(d), p(d), p(d)
 
 
-def _best(fn, repeat: int) -> float:
+def best(fn, repeat: int) -> float:
+    """The least seconds of `repeat` calls of `fn`, after one to warm up."""
     fn()
     best = float("inf")
     for _ in range(repeat):
@@ -88,27 +95,27 @@ def measure(repeat: int = 200, d: int = 8, blocks: int = 8) -> dict:
             h = _block(h, *ps)
         return h.sum()
 
-    with _Count() as c:
+    with Count() as c:
         loss = forward()
     fwd_kernels, fwd_views = c.kernels, c.views
-    with _Count() as c:
+    with Count() as c:
         loss.backward()
     bwd_kernels = c.kernels + c.views
 
-    t_fwd = _best(forward, repeat)
+    t_fwd = best(forward, repeat)
     with torch.no_grad():
-        t_inf = _best(forward, repeat)
+        t_inf = best(forward, repeat)
 
     def fwd_bwd():
         forward().backward()
-    t_both = _best(fwd_bwd, repeat)
+    t_both = best(fwd_bwd, repeat)
     t_bwd = max(t_both - t_fwd, 0.0)
     v = torch.randn(2, 4, d)
 
     def views():
         for _ in range(100):
             v.view(8, d).transpose(0, 1).unsqueeze(0)
-    t_view = _best(views, repeat) / 300
+    t_view = best(views, repeat) / 300
     # a forward op's cost net of the views it dispatched (each a view's cost)
     per_fwd = (t_fwd - fwd_views * t_view) / fwd_kernels
     per_inf = (t_inf - fwd_views * t_view) / fwd_kernels

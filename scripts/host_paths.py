@@ -30,34 +30,11 @@ sys.modules.setdefault("torchvision", None)    # transformers' optional import; 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-VIEWS = frozenset({"view", "t", "transpose", "unsqueeze", "expand", "permute", "_unsafe_view",
-                   "detach", "alias", "as_strided", "slice", "select", "squeeze", "reshape",
-                   "_reshape_alias", "split", "unbind", "split_with_sizes", "chunk"})
+from host_dispatch import VIEWS, Count, best  # noqa: E402  (scripts/, beside this one)
 
-
-class Count(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.kernels = self.views = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.__name__.split(".")[0] in VIEWS:
-            self.views += 1
-        else:
-            self.kernels += 1
-        return func(*args, **(kwargs or {}))
-
-
-def _best(fn, n: int = 20) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+# a model's code also reshapes and splits: kernel-less there too
+MODEL_VIEWS = VIEWS | {"reshape", "_reshape_alias", "split", "unbind", "split_with_sizes", "chunk"}
 
 
 def _model(checkpointed: bool):
@@ -81,13 +58,13 @@ def _training(model, ids) -> tuple[float, float, int, int]:
     def step():
         forward().backward()
 
-    c = Count()
+    c = Count(MODEL_VIEWS)
     with c:
         loss = forward()
         k_fwd = c.kernels
         loss.backward()
-    t_f = _best(forward)
-    return t_f, _best(step) - t_f, k_fwd, c.kernels - k_fwd
+    t_f = best(forward, 20)
+    return t_f, best(step, 20) - t_f, k_fwd, c.kernels - k_fwd
 
 
 def main() -> int:
@@ -101,8 +78,8 @@ def main() -> int:
         with torch.no_grad():
             model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
 
-    per_token = (_best(lambda: generate(64), 5) - _best(lambda: generate(16), 5)) / 48
-    dec = Count()
+    per_token = (best(lambda: generate(64), 5) - best(lambda: generate(16), 5)) / 48
+    dec = Count(MODEL_VIEWS)
     with torch.no_grad():
         cache = model(input_ids=ids, use_cache=True).past_key_values
         with dec:

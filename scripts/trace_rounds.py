@@ -16,6 +16,7 @@ and the total also counts the ops the traces dispatched (each op through the tra
 count times a dispatch (scripts/dispatch_floor.py).
 The README's "Speed of analysis" cites runs of this script.
 """
+import contextlib
 import os
 import sys
 import time
@@ -52,6 +53,26 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def counting_ops():
+    """Counts the ops traces made in this process dispatch (each through the tracer's
+    `StepCounter.__torch_dispatch__`, trace/counters.py) while inside: yields a one-element list
+    holding the count."""
+    from trainplan.trace.counters import StepCounter
+    ops = [0]
+    dispatch = StepCounter.__torch_dispatch__
+
+    def counted(self, func, types, args=(), kwargs=None):
+        ops[0] += 1
+        return dispatch(self, func, types, args, kwargs)
+
+    StepCounter.__torch_dispatch__ = counted
+    try:
+        yield ops
+    finally:
+        StepCounter.__torch_dispatch__ = dispatch
+
+
 def main() -> int:
     def watched(real, where: str):
         """trace/parallel.py's trace_all as `where` calls it, reported: schedule.py's calls are
@@ -73,23 +94,18 @@ def main() -> int:
             return out
         return trace_all
 
-    ops = [0]
-    if os.environ.get("TRAINPLAN_JOBS") == "1":        # traces in this process: count their ops
-        from trainplan.trace.counters import StepCounter
-        dispatch = StepCounter.__torch_dispatch__
-
-        def counted(self, func, types, args=(), kwargs=None):
-            ops[0] += 1
-            return dispatch(self, func, types, args, kwargs)
-        StepCounter.__torch_dispatch__ = counted
+    # traces in this process (TRAINPLAN_JOBS=1): count their ops
+    counting = counting_ops() if os.environ.get("TRAINPLAN_JOBS") == "1" else \
+        contextlib.nullcontext([0])
     traces.trace_all = watched(traces.trace_all, "round")
     cache.trace_all = watched(cache.trace_all, "one")
     generation.trace_all = watched(generation.trace_all, "one")
     from trainplan.cli.main import main as trainplan
-    try:
-        code = trainplan(sys.argv[1:])
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
+    with counting as ops:
+        try:
+            code = trainplan(sys.argv[1:])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
     _say(f"total {time.perf_counter() - T0:.1f} s" +
          (f"; {ops[0]:,} ops dispatched by the traces" if ops[0] else ""))
     sys.stdout.flush()

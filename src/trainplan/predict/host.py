@@ -167,7 +167,7 @@ def _issue(table: OpTable) -> _Issue:
         raise ValueError("the op table's order is not forward, backward, optimizer")
     rerun = table.recompute[table.seq]
     kinds = np.stack([ph == FORWARD, (ph != FORWARD) & (ph != OPTIMIZER) & ~rerun,
-                      ph == OPTIMIZER, rerun & (ph != FORWARD),
+                      ph == OPTIMIZER, rerun,
                       np.zeros(len(ph), dtype=bool)]).astype(float)
     kinds[4] = table.seq_host
     counts = np.concatenate([np.cumsum(kinds[:, :n_mb], axis=1),
