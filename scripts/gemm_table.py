@@ -24,6 +24,7 @@ import argparse
 import csv
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -48,29 +49,41 @@ def load(dtype: str = "bf16xbf16->bf16") -> dict[str, np.ndarray]:
     return {g: np.asarray(v) for g, v in out.items()}
 
 
-def predict(gpu: str, rows: np.ndarray, gemm_kernel_s: float, tile_s: float, h_half: float,
-            p=None) -> np.ndarray:
-    """Predicted seconds of each row's GEMM (module docstring)."""
-    p = p or bundled()
+class Gemms(NamedTuple):
+    """One GPU's rows, with what no GEMM parameter changes: its SMs, its bf16 rate at the
+    measured ceiling, the tile-and-split grid (kernels.gemm_grid), the bandwidth at the STREAM
+    fraction, each GEMM's bytes and its measured seconds."""
+
+    sms: int
+    rate: np.ndarray
+    grid: kernels.GemmGrid
+    bw: float
+    nbytes: np.ndarray
+    measured_s: np.ndarray
+
+
+def gemms(gpu: str, rows: np.ndarray, p) -> Gemms:
     accel = get_accelerator(gpu)
     sms = kernel_facts(accel).sm_count
     peak, _ = accel.rate("bf16")
     rate = peak * accel.sustained_clock_fraction * matmul_ceiling(accel, p)
-    dims = rows[:, :4]
-    grid = kernels.gemm_grid(dims, sms)
-    bw = accel.memory_bandwidth_bytes_per_s * p.bw_eff
-    t = kernels.gemm_seconds(grid, np.full(len(dims), rate), sms, tile_s, h_half, bw)
-    b, m, n, k = dims.T
-    nbytes = 2.0 * b * (m * k + k * n + m * n)
-    return np.maximum(t + gemm_kernel_s, nbytes / bw) + p.kernel_s
+    b, m, n, k, flops_s = rows.T
+    return Gemms(sms, np.full(len(rows), rate), kernels.gemm_grid(rows[:, :4], sms),
+                 accel.memory_bandwidth_bytes_per_s * p.bw_eff,
+                 2.0 * b * (m * k + k * n + m * n), 2.0 * b * m * n * k / flops_s)
+
+
+def _errors(g: Gemms, gemm_kernel_s: float, tile_s: float, h_half: float, p) -> np.ndarray:
+    """Predicted (module docstring) / measured seconds - 1 of each GEMM."""
+    t = kernels.gemm_seconds(g.grid, g.rate, g.sms, tile_s, h_half, g.bw)
+    return (np.maximum(t + gemm_kernel_s, g.nbytes / g.bw) + p.kernel_s) / g.measured_s - 1.0
 
 
 def errors(gpu: str, rows: np.ndarray, gemm_kernel_s: float, tile_s: float, h_half: float
            ) -> np.ndarray:
     """Predicted / measured time - 1 for each row."""
-    b, m, n, k, flops_s = rows.T
-    measured = 2.0 * b * m * n * k / flops_s
-    return predict(gpu, rows, gemm_kernel_s, tile_s, h_half) / measured - 1.0
+    p = bundled()
+    return _errors(gemms(gpu, rows, p), gemm_kernel_s, tile_s, h_half, p)
 
 
 def summary(e: np.ndarray) -> str:
@@ -82,12 +95,14 @@ def summary(e: np.ndarray) -> str:
 def fit(gpu: str, rows: np.ndarray) -> tuple[float, float, float]:
     """(gemm_kernel_s, tile_s, tile_h_half) minimising the mean |log(predicted / measured)| on
     `rows`: a log-spaced grid over the three (0 included for the two times)."""
+    p = bundled()
+    g = gemms(gpu, rows, p)
     times = np.concatenate([[0.0], np.geomspace(1e-7, 3e-5, 31)])
     best = (np.inf, 0.0, 0.0, 0.0)
     for ks in times:
         for ts in times:
             for hh in np.geomspace(0.5, 256, 28):
-                loss = float(np.mean(np.abs(np.log1p(errors(gpu, rows, ks, ts, hh)))))
+                loss = float(np.mean(np.abs(np.log1p(_errors(g, ks, ts, hh, p)))))
                 if loss < best[0]:
                     best = (loss, ks, ts, hh)
     return best[1:]
