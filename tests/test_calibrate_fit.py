@@ -43,10 +43,42 @@ def test_only_parameters_the_rows_depend_on_are_fitted(cal, monkeypatch):
     monkeypatch.setattr(cal, "objective", objective)
     x0 = np.log([cal.START[k] for k in names])
     assert sorted(cal.identified([], {}, x0).tolist()) == sorted(idx)
-    params, loss = cal.fit([], {}, iters=400, restarts=1)
+    params, loss = cal.fit([], {}, iters=400)
     assert loss < 1e-6
     for k, v in informed.items():
         assert getattr(params, k) == pytest.approx(v, rel=1e-2)
     for k in names:
         if k not in informed:          # exactly its start: the simplex never moved it
             assert getattr(params, k) == pytest.approx(cal.START[k], rel=1e-12)
+
+
+def test_the_fit_restarts_until_a_restart_no_longer_improves(cal, monkeypatch):
+    """Each run of the simplex cuts the distance to the optimum tenfold (a stand-in optimiser):
+    the fit stops at the first restart that gains less than CONVERGED, not after a fixed count,
+    and returns the best point it reached."""
+    names = list(cal.PARAMS)
+    i = names.index("host_scale")
+    target = math.log(5.0)
+
+    def objective(x, rows, tables):
+        return float(abs(x[i] - target))
+
+    calls = []
+
+    def tenfold(f, z, iters=0, step=0.5):
+        calls.append(f(z))
+        z = z.copy()
+        j = list(free).index(i)
+        z[j] = target + (z[j] - target) / 10
+        return z
+
+    monkeypatch.setattr(cal, "objective", objective)
+    monkeypatch.setattr(cal, "nelder_mead", tenfold)
+    free = cal.identified([], {}, np.log([cal.START[k] for k in names]))
+    start = abs(math.log(cal.START["host_scale"]) - target)
+    params, loss = cal.fit([], {}, iters=10)
+    gains = [start * 0.9 / 10 ** n for n in range(1, len(calls))]   # what restart n gained
+    assert gains[-1] < cal.CONVERGED <= gains[-2]                   # stopped at the first small
+    assert len(calls) <= cal.MAX_RESTARTS + 1
+    assert loss == pytest.approx(start / 10 ** len(calls), rel=1e-6)
+    assert abs(math.log(params.host_scale) - target) == pytest.approx(loss, rel=1e-6)
