@@ -638,11 +638,10 @@ def fit(rows: list[dict], tables: dict, iters: int = 1500) -> tuple[TimeParams, 
     for _ in range(MAX_RESTARTS):
         z_next = nelder_mead(f, z, iters=iters // 2, step=0.3)      # restart from the optimum
         value = f(z_next)
-        if value < best:
-            z, improved, best = z_next, best - value, value
-        else:
-            improved = 0.0
-        if improved < CONVERGED:
+        gain = best - value
+        if gain > 0:
+            z, best = z_next, value
+        if gain < CONVERGED:
             break
     return to_params(full(z)), best
 
