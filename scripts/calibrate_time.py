@@ -281,15 +281,18 @@ def llm_rows() -> list[dict]:
     assert reference_params(LLAMA3_8B) == 8_030_261_248
     for r in csv.DictReader(open(DATA / "torchtitan_llama3_8b_throughput.csv")):
         tech = r["technique"]
-        # eager bf16 FSDP runs only: compile, float8, TP/CP and torchtitan's "selective layer"
-        # (every k-th block fully recomputed) are kernels/plans the tracer does not model
-        if any(k in tech for k in ("compile", "Float8", "float8", "TP", "CP", "selective layer")):
+        # eager bf16 FSDP runs only: compile, float8 and TP/CP are kernels/plans the tracer does
+        # not model; "selective layer" is every 2nd block in full (torchtitan's
+        # selective_ac_option default '2', its toml configs of April 2024), "selective AC" the
+        # op-level policy
+        if any(k in tech for k in ("compile", "Float8", "float8", "TP", "CP")):
             continue
         off = "H100-96GB" in r["gpu"]
         out.append(dict(source="torchtitan", gpu="a100-sxm4-80gb" if "A100" in r["gpu"] else "h100-sxm",
                         model="llama-3-8b", family="llama", n=int(r["num_gpus"]),
                         precision="bf16-amp", batch=int(r["batch_size"]), image=None,
-                        seq=int(r["seq_len"]), optimizer="adamw", accum=1, ckpt="selective",
+                        seq=int(r["seq_len"]), optimizer="adamw", accum=1,
+                        ckpt="every-2" if "selective layer" in tech else "selective",
                         strategy="fsdp", attention="flash", channels_last=False, task=None,
                         dims=tuple(sorted(LLAMA3_8B.items())), measured=float(r["value"]),
                         unit="tokens/s/GPU",
@@ -326,7 +329,8 @@ def h100_rows(name: str = "h100_trainplan_measure.jsonl",
 # leave-one-source-out cross-validation like every other source. Rows whose setup the tool cannot
 # express are listed with the reason and kept out: torch.compile, HSDP, torchtitan's "every k-th
 # block" checkpointing, NVLink on a catalog GPU without it, hub ids not bundled.
-EXTRA_MODEL = {"mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1"}
+EXTRA_MODEL = {"mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1",
+               "NousResearch/Llama-2-70b-hf": "meta-llama/Llama-2-70b-hf"}
 # reported, kept out of fits and headline: PEFT's MetaMathQA batches are padded to a varying
 # length (210 is the mean unpadded length); NeMo AutoModel runs its own fused (TE, triton) kernels
 WEAK_EXTRA = ("peft-metamathqa", "nemo-automodel")
@@ -346,16 +350,31 @@ def _extra_skip(r: dict) -> str | None:
     ck, notes = r["activation_checkpointing"], r["notes"].lower()
     if "compile" in r["source_id"]:
         return "torch.compile (fused kernels) is not modelled"
-    if r["strategy"] not in ("single", "ddp", "dp", "fsdp", "zero1", "zero2", "zero3"):
+    if r["strategy"] not in ("single", "ddp", "dp", "fsdp", "hsdp", "zero1", "zero2", "zero3"):
         return f"strategy {r['strategy']} is not modelled"
-    if ck.startswith("selective") and not ck.startswith("selective-op"):
-        return "checkpointing of every k-th block is not modelled"
+    if ck.startswith("selective") and not ck.startswith("selective-op") and \
+            _every_k(ck) is None:
+        return "every k-th block checkpointed, k not stated"
     if "nvlink" in notes and "without nvlink" not in notes and "no nvlink" not in notes:
         return "NVLink bridge on a GPU the catalog lists with PCIe only"
     hf = EXTRA_MODEL.get(r["hf_id"], r["hf_id"])
     if hf and hf.lower() not in bundled_index():
         return f"hf:{hf} is not bundled"
     return None
+
+
+def _every_k(ck: str) -> int | None:
+    """K of "every Kth block" checkpointing as a row states it ("every 2nd block"), else None."""
+    m = re.search(r"every (\d+)(?:st|nd|rd|th) block", ck)
+    return int(m.group(1)) if m else None
+
+
+def _mode(ck: str) -> str:
+    """A row's activation_checkpointing as the job's --grad-checkpointing."""
+    if _every_k(ck):
+        return f"every-{_every_k(ck)}"
+    word = ck.split()[0]
+    return "selective" if word.startswith("selective") else word
 
 
 def extra_rows(with_skipped: bool = False) -> list[dict]:
@@ -367,11 +386,10 @@ def extra_rows(with_skipped: bool = False) -> list[dict]:
             skipped.append((r["source_id"], label, why))
             continue
         hf = EXTRA_MODEL.get(r["hf_id"], r["hf_id"])
-        ck = r["activation_checkpointing"].split()[0]
+        ck = _mode(r["activation_checkpointing"])
         kw = dict(model=f"hf:{hf}" if hf else "transformer",
                   batch_size=int(r["micro_batch"]), seq_len=int(r["seq_len"]),
-                  precision=r["precision"], grad_checkpointing="selective" if
-                  ck.startswith("selective") else ck,
+                  precision=r["precision"], grad_checkpointing=ck,
                   optimizer=next((o for k, o in EXTRA_OPT if k in r["optimizer"].lower()),
                                  "adamw"))
         if r["lora_rank"]:

@@ -52,6 +52,10 @@ CASES = {
     "bert-lora-full-ckpt": (BERT.with_(lora=Lora(), grad_checkpointing="full"), "t4", 4),
     "gemma2": (GEMMA2, "a100-80gb", 2),
     "gemma2-lora-full-ckpt": (GEMMA2.with_(lora=Lora(), grad_checkpointing="full"), "l4", 2),
+    # every 2nd layer checkpointed (torchtitan's selective layer mode): cut in blocks of two
+    # layers like Gemma-2's, 16 layers are 8 such blocks
+    "llama-every-2": (Job(model=shallow("meta-llama/Llama-3.2-1B", 2 * BLOCKS), seq_len=128,
+                          precision="bf16-amp", grad_checkpointing="every-2"), "a100-80gb", 2),
 }
 
 

@@ -342,7 +342,7 @@ def _scaling(acc: str, counts, strategy: str, global_batch: int | None):
     return out
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero2"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "hsdp", "zero2"])
 def test_weak_and_strong_scaling_monotone_and_bounded_by_the_link(strategy):
     counts = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
     a = get_accelerator("h100-sxm")

@@ -35,7 +35,7 @@ PRECISIONS = prec_mod.NAMES
 STRATEGIES = strat_mod.NAMES
 OPTIMIZERS = opt_mod.NAMES
 OFFLOADS = opt_mod.OFFLOAD_NAMES
-CHECKPOINTING = ("none", "full", "selective")
+CHECKPOINTING = ("none", "full", "selective", "every-K")
 CHECKPOINT_IMPLS = ("auto", "reentrant", "non-reentrant")
 ATTENTIONS = ("auto", "eager", "sdpa", "flash", "efficient", "math")
 # frozen floating-point parameters kept in the 16-bit dtype under mixed precision (quantization.py):
@@ -126,7 +126,7 @@ class Job:
         if self.grad_checkpointing == "none":
             return False
         if self.checkpoint_impl == "auto":
-            return self.quantize != "none" and self.grad_checkpointing == "full"
+            return self.quantize != "none" and every_k(self.grad_checkpointing) >= 1
         return self.checkpoint_impl == "reentrant"
 
     def with_(self, **kw) -> "Job":
@@ -150,6 +150,43 @@ _PARSED = {"precision": prec_mod.parse, "quantize": quant_mod.parse,
            "strategy": strat_mod.parse, "optimizer": opt_mod.parse,
            "offload": opt_mod.parse_offload}
 _FIELDS = frozenset(f.name for f in fields(Job))
+
+
+def every_k(mode: str) -> int:
+    """Which blocks activation checkpointing recomputes: K for "every-K" (every K-th block in
+    full, the others not at all: torchtitan's and torchtune's selective layer mode, `ac_option`
+    / `selective_ac_option: K`; fms-fsdp's `selective_checkpointing: 1/K`), 1 for "full", 0 for
+    "none" and "selective" (op-level, every block)."""
+    if mode == "full":
+        return 1
+    if isinstance(mode, str) and mode.startswith("every-") and mode[6:].isdigit():
+        return int(mode[6:])
+    return 0
+
+
+def checkpointing_label(mode: str) -> str:
+    """The mode in words: 'no activation checkpointing', 'full activation checkpointing',
+    'activation checkpointing of every 2nd block' (reports, notes)."""
+    k = every_k(mode)
+    if mode in (None, "none"):
+        return "no activation checkpointing"
+    if k < 2:
+        return f"{mode} activation checkpointing"
+    nth = {2: "2nd", 3: "3rd"}.get(k, f"{k}th")
+    return f"activation checkpointing of every {nth} block"
+
+
+def _checkpointing(value) -> str:
+    """A checkpointing mode in its canonical spelling: every-1 is full; every-K needs K >= 1."""
+    text = str(value).strip().lower()
+    k = every_k(text)
+    if k == 1:
+        return "full"
+    if k >= 2 or text in CHECKPOINTING[:3]:
+        return f"every-{k}" if k else text
+    raise unknown("grad_checkpointing", text, CHECKPOINTING, n=1,
+                  allowed="none, full, selective, every-K (every K-th block in full, K >= 2)",
+                  what=f"--grad-checkpointing {value!r} is not a choice.")
 
 
 def _choice(name: str, value, allowed) -> None:
@@ -210,7 +247,7 @@ def check_lora(lora: Lora, where: str | None = None) -> None:
 def validate(job: Job) -> Job:
     """Check every setting; normalise aliases. Raises TrainplanError naming the bad setting."""
     job = job.with_(model=normalize_model_ref(job.model))   # `path/config.json` -> `hf:path/...`
-    _choice("grad_checkpointing", job.grad_checkpointing, CHECKPOINTING)
+    job = job.with_(grad_checkpointing=_checkpointing(job.grad_checkpointing))
     _choice("checkpoint_impl", job.checkpoint_impl, CHECKPOINT_IMPLS)
     if job.grad_checkpointing == "selective" and job.checkpoint_impl == "reentrant":
         raise TrainplanError("Selective activation checkpointing cannot be reentrant: PyTorch's "

@@ -9,9 +9,14 @@ a job is read (spec.py); memory, timing, the fix ladder and the reports ask it.
     zero2   DeepSpeed ZeRO stage 2            optimizer state, gradients / N (P_os+g)
     zero3   DeepSpeed ZeRO stage 3            optimizer state, gradients, weights / N (P_os+g+p)
     fsdp    PyTorch FSDP (FULL_SHARD)         as zero3
+    hsdp    PyTorch FSDP (HYBRID_SHARD)       as zero3 over the devices of its node (of N / nodes
+                                              replicas, one a node); gradients all-reduced
+                                              between the replicas
 
-Stages from Rajbhandari et al. 2020 (ZeRO, arXiv:1910.02054, section 5); FSDP from Zhao et al.
-2023 (arXiv:2304.11277). `order` ranks how much a strategy shards, for the fix ladder.
+Stages from Rajbhandari et al. 2020 (ZeRO, arXiv:1910.02054, section 5); FSDP and its hybrid
+sharding from Zhao et al. 2023 (arXiv:2304.11277, section 3.2.2: "sharding within a host,
+replicating across hosts"). `order` ranks how much a strategy shards, for the fix ladder; on one
+node hsdp is fsdp. `shard_devices` says over how many devices a strategy shards.
 """
 from __future__ import annotations
 
@@ -19,6 +24,11 @@ from dataclasses import dataclass
 
 from .errors import unknown
 from .named import Named
+
+
+# GPUs a node: an 8-GPU server (HGX/DGX), what hybrid sharding shards over and beyond which
+# predict/comm.py's collectives cross the network
+DEVICES_PER_NODE = 8
 
 
 @dataclass(frozen=True, eq=False)
@@ -30,11 +40,18 @@ class Strategy(Named):
     shards_weights: bool = False
     distributed: bool = False      # one process per device (torchrun / deepspeed launchers)
     order: int = 0                 # how much is sharded: single/dp/ddp 0, zero1 1, zero2 2, zero3 3
+    fsdp: bool = False             # PyTorch FSDP (its wrapping, offload and state dicts)
+    hybrid: bool = False           # sharded within a node only, replicated across nodes
 
     @property
     def sharded(self) -> bool:
         """Shards something over the devices: needs more than one device (or CPU offload)."""
         return self.shards_optimizer
+
+    def shard_devices(self, n: int, per_node: int = DEVICES_PER_NODE) -> int:
+        """Devices one copy of the sharded state is split over, of `n` with `per_node` a node:
+        all n, or under hybrid sharding the devices of one node."""
+        return min(n, per_node) if self.hybrid else n
 
     @property
     def replicated(self) -> bool:
@@ -52,12 +69,15 @@ ZERO2 = Strategy("zero2", "DeepSpeed ZeRO-2 (optimizer state and gradients shard
 ZERO3 = Strategy("zero3", "DeepSpeed ZeRO-3 (optimizer state, gradients and weights sharded)",
                  True, True, True, distributed=True, order=3)
 FSDP = Strategy("fsdp", "PyTorch FSDP, full sharding (as ZeRO-3)", True, True, True,
-                distributed=True, order=3)
-ALL: tuple[Strategy, ...] = (SINGLE, DP, DDP, FSDP, ZERO1, ZERO2, ZERO3)
+                distributed=True, order=3, fsdp=True)
+HSDP = Strategy("hsdp", "PyTorch FSDP, hybrid sharding (in each node, replicas across)", True, True, True, distributed=True, order=3, fsdp=True,
+                hybrid=True)
+ALL: tuple[Strategy, ...] = (SINGLE, DP, DDP, FSDP, HSDP, ZERO1, ZERO2, ZERO3)
 NAMES = tuple(s.name for s in ALL)
 _ALIASES = {"none": SINGLE, "no": SINGLE, "dataparallel": DP, "data-parallel": DP,
             "deepspeed-zero1": ZERO1, "deepspeed-zero2": ZERO2, "deepspeed-zero3": ZERO3,
-            "zero-1": ZERO1, "zero-2": ZERO2, "zero-3": ZERO3, "fsdp1": FSDP, "full-shard": FSDP}
+            "zero-1": ZERO1, "zero-2": ZERO2, "zero-3": ZERO3, "fsdp1": FSDP, "full-shard": FSDP,
+            "hybrid-shard": HSDP, "fsdp-hybrid": HSDP}
 
 
 def parse(value, where: str = "--strategy") -> Strategy:

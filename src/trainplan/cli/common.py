@@ -11,7 +11,7 @@ from ..algorithm import ALGORITHMS, ENGINES, Rollout, parse_rollout
 from ..errors import TrainplanError
 from ..models.hub import set_allow_download
 from ..strategy import SINGLE
-from ..spec import (ATTENTIONS, CHECKPOINT_IMPLS, CHECKPOINTING, FROZEN_HALF, OFFLOADS,
+from ..spec import (ATTENTIONS, CHECKPOINT_IMPLS, FROZEN_HALF, OFFLOADS,
                     OPTIMIZERS, PRECISIONS, QUANTIZE, STRATEGIES, TASKS, Job, Lora, validate)
 
 
@@ -42,7 +42,9 @@ def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) ->
                         "--image-size is given)")
     g.add_argument("--precision", help="|".join(PRECISIONS))
     g.add_argument("--optimizer", help="|".join(OPTIMIZERS))
-    g.add_argument("--grad-checkpointing", choices=CHECKPOINTING)
+    g.add_argument("--grad-checkpointing", metavar="{none,full,selective,every-K}",
+                   help="activation checkpointing: every block in full, selectively (torchtitan's "
+                        "op policy), or every K-th block in full (torchtitan/torchtune ac_option)")
     g.add_argument("--checkpoint-impl", choices=CHECKPOINT_IMPLS,
                    help="torch.utils.checkpoint's use_reentrant (auto: reentrant for QLoRA, as "
                         "peft sets it up; non-reentrant otherwise, as transformers 5 does)")

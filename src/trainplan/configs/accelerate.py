@@ -11,8 +11,9 @@
       fsdp_reshard_after_forward, fsdp_offload_params,    after forward), zero2 (SHARD_GRAD_OP /
       fsdp_activation_checkpointing                       no resharding: gradients and state
                                                           sharded, weights kept whole), ddp
-                                                          (NO_SHARD); offload optimizer+params;
-                                                          full checkpointing
+                                                          (NO_SHARD), hsdp (HYBRID_SHARD);
+                                                          offload optimizer+params; full
+                                                          checkpointing
 
 accelerate's own defaults for what the file leaves out (`DeepSpeedPlugin.__post_init__`, zero
 stage 2, and `FullyShardedDataParallelPlugin`, FULL_SHARD; src/accelerate/utils/dataclasses.py,
@@ -29,7 +30,7 @@ from .common import find_beside, known_keys, load_file
 from .reading import Collector, Reading, show
 
 SHARDING = {"FULL_SHARD": "fsdp", "1": "fsdp", "SHARD_GRAD_OP": "zero2", "2": "zero2",
-            "NO_SHARD": "ddp", "3": "ddp", "HYBRID_SHARD": "fsdp", "4": "fsdp",
+            "NO_SHARD": "ddp", "3": "ddp", "HYBRID_SHARD": "hsdp", "4": "hsdp",
             "HYBRID_SHARD_ZERO2": "zero2", "5": "zero2"}
 TOP_UNMODELLED = {
     "dynamo_config": ({}, "torch.compile is not modelled: planned eager"),
@@ -150,9 +151,9 @@ def _fsdp(c: Collector, sections: dict) -> None:
                             "strategy.", allowed="FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, "
                                                  "HYBRID_SHARD, HYBRID_SHARD_ZERO2")
         strategy, how = SHARDING[text], str(raw)
-        if text in ("HYBRID_SHARD", "4", "HYBRID_SHARD_ZERO2", "5"):
-            sec.unmodelled("fsdp_sharding_strategy", raw, "hybrid sharding (within a node, "
-                           "replicated across nodes): planned as sharded over every device")
+        if text in ("HYBRID_SHARD_ZERO2", "5"):
+            sec.unmodelled("fsdp_sharding_strategy", raw, "hybrid ZeRO-2 sharding (within a "
+                           "node, replicated across nodes): planned as ZeRO-2 over every device")
         else:
             sec.read("fsdp_sharding_strategy", raw, f"strategy {strategy}")
     reshard = sec.take("fsdp_reshard_after_forward")

@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 from .. import algorithm as algo_mod
+from ..strategy import DEVICES_PER_NODE
 from . import deepspeed as ds_mod
 from . import trainer as hf
 from .common import known_keys, model_ref
@@ -124,6 +125,7 @@ def read(data: dict, path: str, deepspeed: str | None = None) -> Reading:
                  config_enables=True)
     if c.has("fsdp_version"):
         c.read("fsdp_version", c.take("fsdp_version"), "FSDP1 and FSDP2 are planned alike")
+    _hybrid(c)
     prec = c.reading.settings.get("precision", "fp32")
     beside = ds_mod.Trainer("axolotl", micro_batch=mbs, grad_accum=gas,
                             bf16=prec.startswith("bf16"), fp16=prec.startswith("fp16"))
@@ -131,6 +133,28 @@ def read(data: dict, path: str, deepspeed: str | None = None) -> Reading:
     _rl(c, sections)
     c.unmodelled_table({k: v for k, v in UNMODELLED.items() if v[1]})
     return c.finish()
+
+
+def _hybrid(c: Collector) -> None:
+    """axolotl's N-D parallelism with FSDP: `dp_replicate_size` replicas, each sharded over
+    `dp_shard_size` GPUs, is hybrid sharding (strategy hsdp: sharded within a node of
+    DEVICES_PER_NODE GPUs, replicated across nodes); shard groups of another size are planned
+    as a node's."""
+    if not c.has("dp_replicate_size") or c.reading.settings.get("strategy") != "fsdp":
+        return
+    replicas = c.int_("dp_replicate_size", c.take("dp_replicate_size"))
+    if replicas < 2:
+        c.read("dp_replicate_size", replicas, "one replica: FSDP over every GPU")
+        return
+    c.read("dp_replicate_size", replicas, f"{replicas} replicas, each sharded: strategy hsdp",
+           strategy="hsdp")
+    if c.has("dp_shard_size"):
+        shard = c.int_("dp_shard_size", c.take("dp_shard_size"))
+        if shard == DEVICES_PER_NODE:
+            c.read("dp_shard_size", shard, f"each replica sharded over a node's {shard} GPUs")
+        else:
+            c.unmodelled("dp_shard_size", shard, f"shard groups of {shard} GPUs: planned as a "
+                         f"node's {DEVICES_PER_NODE}")
 
 
 def _model(c: Collector) -> None:

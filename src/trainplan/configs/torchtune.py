@@ -9,7 +9,8 @@
     tokenizer.max_seq_len             -> sequence length (null: the data's own lengths)
     batch_size, gradient_accumulation_steps, epochs, max_steps_per_epoch
     dtype bf16 | fp32                 -> pure bf16 (torchtune has no autocast) | fp32
-    enable_activation_checkpointing   -> full checkpointing (ac_mode selective: selective)
+    enable_activation_checkpointing   -> full checkpointing (ac_mode selective: ac_option op
+      ac_mode, ac_option                 selective, K every-K)
     optimizer._component_             -> torch.optim.AdamW / SGD, bitsandbytes' and torchao's
                                          8-bit and paged AdamW
     the recipe (from the config's `tune run` line, else its file name): *_single_device -> one
@@ -21,6 +22,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ..spec import checkpointing_label
 from .common import known_keys, planned_seq_len
 from .reading import Collector, Reading
 
@@ -122,9 +124,10 @@ def read(data: dict, path: str, text: str = "") -> Reading:
            if prec != "fp32" else "precision fp32", precision=prec)
     ac = c.take("enable_activation_checkpointing")
     mode = c.take("ac_mode")
+    option = c.take("ac_option")
     if ac:
-        level = "selective" if str(mode).lower() == "selective" else "full"
-        c.read("enable_activation_checkpointing", ac, f"{level} activation checkpointing",
+        level = _ac_level(c, mode, option)
+        c.read("enable_activation_checkpointing", ac, checkpointing_label(level),
                grad_checkpointing=level)
     elif ac is not None:
         c.read("enable_activation_checkpointing", ac, "no checkpointing",
@@ -199,6 +202,22 @@ def _steps(c: Collector) -> None:
         e = c.number("epochs", epochs)
         c.read("epochs", epochs, f"{e:g} epochs (with --dataset-size N for the steps)",
                epochs=e)
+
+
+def _ac_level(c: Collector, mode, option) -> str:
+    """torchtune's `ac_mode: selective` with `ac_option` (training/_activation_checkpointing.py
+    `checkpoint_wrapper`): "op" is torchtitan's op-level policy; a whole number K checkpoints
+    every K-th layer (0 or none: every layer)."""
+    if str(mode).lower() != "selective":
+        return "full"
+    if str(option).lower() == "op":
+        return "selective"
+    if option is None:
+        return "full"
+    if isinstance(option, str) and option.strip().isdigit():
+        option = int(option)
+    k = c.int_("ac_option", option, at_least=0)
+    return f"every-{k}" if k > 1 else "full"
 
 
 def _optimizer(c: Collector) -> None:

@@ -37,7 +37,7 @@ UNMODELLED = {
     "tp_size": (0, "tensor parallelism is not modelled"),
     "parallelism_config": (None, "tensor / context parallelism is not modelled"),
 }
-FSDP_OPTIONS = {"full_shard": "fsdp", "shard_grad_op": "zero2", "hybrid_shard": "fsdp",
+FSDP_OPTIONS = {"full_shard": "fsdp", "shard_grad_op": "zero2", "hybrid_shard": "hsdp",
                 "hybrid_shard_zero2": "zero2", "no_shard": "ddp"}
 
 
@@ -172,9 +172,9 @@ def read_fsdp(c: Collector, key: str | None, config_key: str, known: set[str] | 
                   if strategy == "zero2" else "")
                + ("; offload optimizer+params (FSDP's CPU offload)" if extra else ""),
                strategy=strategy, **({"offload": "optimizer+params"} if extra else {}))
-        if any(o.startswith("hybrid") for o in opts):
-            c.unmodelled(key, c.data.get(key), "hybrid sharding (within a node, replicated "
-                                               "across nodes): planned sharded over every device")
+        if "hybrid_shard_zero2" in opts:
+            c.unmodelled(key, c.data.get(key), "hybrid ZeRO-2 sharding (within a node, "
+                         "replicated across nodes): planned as ZeRO-2 over every device")
     else:
         c.set(strategy=strategy)
     if "reshard_after_forward" in cfg:

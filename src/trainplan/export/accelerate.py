@@ -7,7 +7,7 @@ import shlex
 
 import yaml
 
-from ..strategy import DDP, DP, FSDP
+from ..strategy import DDP, DP
 from .common import DEFAULT_PORT, Launch
 
 
@@ -56,10 +56,11 @@ def config(ln: Launch) -> dict:
     if ln.accelerator_kind == "tpu":
         c.update(distributed_type="XLA", num_processes=ln.devices)
         c.pop("gpu_ids")
-    elif s is FSDP:
+    elif s.fsdp:
         c["distributed_type"] = "FSDP"
         c["fsdp_config"] = {
-            "fsdp_version": 1, "fsdp_sharding_strategy": "FULL_SHARD",
+            "fsdp_version": 1,
+            "fsdp_sharding_strategy": "HYBRID_SHARD" if s.hybrid else "FULL_SHARD",
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_backward_prefetch": "BACKWARD_PRE", "fsdp_forward_prefetch": False,
             "fsdp_offload_params": ln.offload != "none",

@@ -11,6 +11,7 @@ configs/axolotl.py reads, so that reading it back gives the same job.
 """
 from __future__ import annotations
 
+from ..spec import checkpointing_label, every_k
 from .frameworks import PLACEHOLDER, Export, deepspeed_file, dump_yaml, header, launcher
 
 ATTN = {"flash": "flash_attention_2", "sdpa": "sdpa", "eager": "eager", "math": "eager",
@@ -86,6 +87,9 @@ def _checkpointing(c: dict, job, notes: list[str]) -> None:
     if job.grad_checkpointing == "selective":
         notes.append("selective checkpointing planned; axolotl's gradient_checkpointing "
                      "checkpoints whole blocks (more recompute, less memory)")
+    if every_k(job.grad_checkpointing) >= 2:
+        notes.append(f"{checkpointing_label(job.grad_checkpointing)} planned; "
+                     "axolotl checkpoints every block (more recompute, less memory)")
 
 
 def _adapter(c: dict, job) -> None:
@@ -110,14 +114,18 @@ def _adapter(c: dict, job) -> None:
 
 
 def _strategy(c: dict, e: Export, notes: list[str]) -> None:
-    for k in ("deepspeed", "fsdp", "fsdp_config", "fsdp_version"):
+    for k in ("deepspeed", "fsdp", "fsdp_config", "fsdp_version", "dp_shard_size",
+              "dp_replicate_size"):
         c.pop(k, None)
     s, ln = e.job.strategy, e.ln
-    if s.name == "fsdp":
+    if s.fsdp:
         c["fsdp_version"] = 2
         c["fsdp_config"] = {"offload_params": ln.offload != "none", "reshard_after_forward": True,
                             "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
                             "state_dict_type": "FULL_STATE_DICT"}
+        if s.hybrid and ln.nodes > 1:     # axolotl's N-D parallelism: shard in a node, replicate
+            c["dp_shard_size"] = ln.procs_per_node
+            c["dp_replicate_size"] = ln.nodes
     elif s.name == "dp":
         notes.append("DataParallel planned; axolotl runs one process per GPU (DDP)")
 

@@ -204,7 +204,7 @@ def launch_from_plan(plan, pp, job, job_file: str | None = None, script: str = "
             fix="export for a platform whose verdict is READY, READY WITH CHANGES or TIGHT "
                 "(`trainplan plan JOB` lists them)")
     from ..accelerators import get_accelerator
-    from ..predict.comm import DEVICES_PER_NODE
+    from ..strategy import DEVICES_PER_NODE
     from ..trace.derive.allocator import rules_for
     accel = get_accelerator(pp.accelerator_id)
     kept = kept_settings(pp)

@@ -7,19 +7,20 @@ JSON has no comments: the header is the `_comment` list at the top of `ds_config
 `hostfile`. Bucket sizes are left at DeepSpeed's defaults: the plan's memory and time do not
 depend on them (it models ZeRO's sharded states and collectives, not bucket sizes), said in the
 header. A DDP plan exports ZeRO stage 0 (data parallel, no sharding); FSDP exports stage 3, the
-same sharding (strategy.py: "as zero3"). The script, its arguments and the environment are
+same sharding (strategy.py: "as zero3"); hybrid FSDP too, with a note: DeepSpeed has no replicas
+of a node-sharded state (ZeRO++'s hpZ keeps only a second copy of the weights), so ZeRO-3 shards
+over every GPU, with less memory and more traffic between nodes than planned. The script, its arguments and the environment are
 shell-quoted in `deepspeed.sh`."""
 from __future__ import annotations
 
 import json
 
-from ..strategy import FSDP
 from .common import DEFAULT_PORT, Launch
 from .torchrun import _shell, env_lines
 
 
 def zero_stage(ln: Launch) -> int:
-    return 3 if ln.strategy is FSDP else ln.strategy.order
+    return 3 if ln.strategy.fsdp else ln.strategy.order
 
 
 def config(ln: Launch) -> dict:
@@ -36,6 +37,10 @@ def config(ln: Launch) -> dict:
         "wall_clock_breakdown": False,
         "zero_optimization": {"stage": stage},
     }
+    if ln.strategy.hybrid and ln.nodes > 1:
+        c["_comment"].append("Planned: FSDP hybrid sharding (within each node, replicas across "
+                             "nodes). DeepSpeed has no such stage: ZeRO-3 here shards over every "
+                             "GPU, holding less memory and sending more between nodes.")
     z = c["zero_optimization"]
     if stage >= 1 and ln.offload != "none":
         z["offload_optimizer"] = {"device": "cpu", "pin_memory": True}

@@ -14,6 +14,7 @@ llama_factory.yaml`), in the keys configs/llamafactory.py reads.
 from __future__ import annotations
 
 from ..errors import TrainplanError
+from ..spec import checkpointing_label, every_k
 from .frameworks import PLACEHOLDER, Export, deepspeed_file, dump_yaml, header, launcher
 
 ATTN = {"flash": "fa2", "sdpa": "sdpa", "eager": "disabled", "math": "disabled"}
@@ -52,6 +53,9 @@ def render(e: Export) -> dict[str, str]:
         c["use_reentrant_gc"] = job.reentrant_checkpointing
     if job.grad_checkpointing == "selective":
         notes.append("selective checkpointing planned; LLaMA-Factory checkpoints whole blocks")
+    if every_k(job.grad_checkpointing) >= 2:
+        notes.append(f"{checkpointing_label(job.grad_checkpointing)} planned; "
+                     "LLaMA-Factory checkpoints every block (more recompute, less memory)")
     c.pop("flash_attn", None)
     if job.attention in ATTN:
         c["flash_attn"] = ATTN[job.attention]
@@ -65,11 +69,11 @@ def render(e: Export) -> dict[str, str]:
         name, text = deepspeed_file(ln)
         files[name] = text
         c["deepspeed"] = name
-    elif job.strategy.name == "fsdp":
+    elif job.strategy.fsdp:
         from .accelerate import render as accelerate_render
         files.update(accelerate_render(ln))
         command = f"accelerate launch --config_file accelerate_config.yaml src/train.py {NAME}"
-    if ln.devices > 1 and not job.strategy.name == "fsdp":   # LLaMA-Factory's torchrun variables
+    if ln.devices > 1 and not job.strategy.fsdp:   # LLaMA-Factory's torchrun variables
         nodes = f" NNODES={ln.nodes} NODE_RANK=$NODE_RANK MASTER_ADDR=$NODE0_ADDRESS" \
             if ln.nodes > 1 else ""
         command = f"FORCE_TORCHRUN=1 NPROC_PER_NODE={ln.procs_per_node}{nodes} {command}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..configs.torchtune import ATTN, MODELS, family
 from ..errors import TrainplanError
+from ..spec import every_k
 from .frameworks import Export, dump_yaml, header
 
 BUILDERS = {hub.lower(): base for base, hub in MODELS.items()}
@@ -63,6 +64,10 @@ def render(e: Export) -> dict[str, str]:
         c["epochs"] = c.get("epochs", 1) if job.epochs is None else job.epochs
     c["dtype"] = _dtype(job, ln, notes)
     c["enable_activation_checkpointing"] = job.grad_checkpointing != "none"
+    c.pop("ac_mode", None)
+    c.pop("ac_option", None)
+    if every_k(job.grad_checkpointing) >= 2:    # torchtune's selective layer mode
+        c["ac_mode"], c["ac_option"] = "selective", every_k(job.grad_checkpointing)
     if job.grad_checkpointing == "selective":
         notes.append("selective checkpointing planned; torchtune checkpoints whole layers")
     opt = dict(c.get("optimizer") or {})

@@ -16,6 +16,7 @@ configs/trl.py reads.
 """
 from __future__ import annotations
 
+from ..spec import checkpointing_label, every_k
 from .frameworks import PLACEHOLDER, Export, deepspeed_file, dump_yaml, header, launcher
 
 ATTN = {"flash": "flash_attention_2", "sdpa": "sdpa", "eager": "eager", "math": "eager"}
@@ -50,6 +51,9 @@ def render(e: Export) -> dict[str, str]:
         c["gradient_checkpointing_kwargs"] = {"use_reentrant": job.reentrant_checkpointing}
     if job.grad_checkpointing == "selective":
         notes.append("selective checkpointing planned; the Trainer checkpoints whole blocks")
+    if every_k(job.grad_checkpointing) >= 2:
+        notes.append(f"{checkpointing_label(job.grad_checkpointing)} planned; "
+                     "the Trainer checkpoints every block (more recompute, less memory)")
     if job.attention in ATTN:
         c["attn_implementation"] = ATTN[job.attention]
     _peft(c, job)
@@ -62,9 +66,12 @@ def render(e: Export) -> dict[str, str]:
         name, text = deepspeed_file(ln)
         files[name] = text
         c["deepspeed"] = name
-    elif job.strategy.name == "fsdp":
-        c["fsdp"] = "full_shard auto_wrap" + (" offload" if ln.offload != "none" else "")
-        c["fsdp_config"] = {"fsdp_version": 2, "reshard_after_forward": True}
+    elif job.strategy.fsdp:
+        shard = "hybrid_shard" if job.strategy.hybrid else "full_shard"
+        c["fsdp"] = f"{shard} auto_wrap" + (" offload" if ln.offload != "none" else "")
+        # hybrid sharding is FSDP1's HYBRID_SHARD (FSDP2 takes it as a 2-D device mesh)
+        c["fsdp_config"] = {"fsdp_version": 1} if job.strategy.hybrid else \
+            {"fsdp_version": 2, "reshard_after_forward": True}
     trainer = {"sft": "sft", "dpo": "dpo", "grpo": "grpo"}.get(job.algorithm)
     if trainer is None:
         from ..errors import TrainplanError

@@ -49,7 +49,7 @@ from ..optimizer import ADAM, ADAMW, ADAMW_8BIT, PAGED_ADAMW_8BIT, parse_offload
 from ..precision import BF16_AMP, FP16_AMP, Precision
 from ..predict.compat import offload_run, offloaded_optimizer
 from ..spec import Lora
-from ..strategy import FSDP, ZERO2, ZERO3, Strategy
+from ..strategy import ZERO2, ZERO3, Strategy
 
 MIN_SEQ_LEN = 64
 
@@ -270,7 +270,7 @@ def _offload(level: str):
     refuses one (predict/compat.py `offload-runs-cpu-adam`); so an 8-bit or paged AdamW kept by
     an earlier rung gives way to AdamW, what runs."""
     def rung(job, accel, devices, trace=None):
-        fsdp = job.strategy is FSDP
+        fsdp = job.strategy.fsdp
         want = offload_run(job, level)     # FSDP's CPU offload moves the parameters too
         if job.offload.order >= parse_offload(want).order:
             return None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..spec import checkpointing_label
 from ..strategy import DP
 from ..units import fmt_bytes, fmt_int, fmt_seconds, fmt_usd
 from .result import READY, READY_WITH_CHANGES, RETIRED, TIGHT, WONT_FIT, CheckItem
@@ -126,9 +127,8 @@ def _batch_and_job(p, cfg, target: int, items: list[CheckItem]) -> None:
     items.append(CheckItem("info", f"precision: {cfg.job.precision.label}; strategy: "
                                    f"{cfg.job.strategy.label}; "
                                    + (f"experts split over {ep} GPUs; " if ep > 1 else "")
-                                   + ("no activation checkpointing" if ckpt in (None, "none") else
-                                      f"{ckpt} activation checkpointing"
-                                      + (" (reentrant)" if cfg.job.reentrant_checkpointing else ""))))
+                                   + checkpointing_label(ckpt)
+                                   + (" (reentrant)" if cfg.job.reentrant_checkpointing else "")))
 
 
 def _host(p, cfg, items: list[CheckItem], fail: list[str]) -> None:

@@ -48,8 +48,9 @@ class AlgorithmStep:
 
 
 def _sharded(job, devices: int) -> int:
-    """Devices the weights are split over (ZeRO-3 / FSDP), else 1."""
-    return devices if job.strategy.shards_weights and devices > 1 else 1
+    """Devices the weights are split over (ZeRO-3 / FSDP: all; hybrid FSDP: a node's), else 1."""
+    return job.strategy.shard_devices(devices) \
+        if job.strategy.shards_weights and devices > 1 else 1
 
 
 def resident_bytes(job, trace, accel: Accelerator, devices: int) -> dict[str, int]:
@@ -63,7 +64,8 @@ def resident_bytes(job, trace, accel: Accelerator, devices: int) -> dict[str, in
     if job.algorithm == "ppo":
         out["reward_weights"] = weights
         out["value_model"] = weights + (trace.gradient_bytes + trace.optimizer_state_bytes) // (
-            devices if job.strategy.shards_optimizer and devices > 1 else 1)
+            job.strategy.shard_devices(devices)
+            if job.strategy.shards_optimizer and devices > 1 else 1)
     if job.rollout is not None and job.rollout.engine == "vllm-colocate":
         out["generation_engine"] = int(job.rollout.gpu_memory_utilization
                                        * accel.usable_memory_bytes)

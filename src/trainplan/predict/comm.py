@@ -9,11 +9,10 @@ S39); across nodes the node's NIC bandwidth. What each strategy can hide is in `
 from __future__ import annotations
 
 from ..errors import TrainplanError
-from ..strategy import DDP, DP, SINGLE
+from ..strategy import DDP, DEVICES_PER_NODE, DP, SINGLE
 
 DDP_BUCKET_BYTES = 25 * 2**20      # torch DDP bucket_cap_mb default (25 MiB): last bucket is exposed
 NODE_NIC_BYTES_PER_S = 200e9       # per 8-GPU node across nodes: 1600 Gbit/s RoCE (S34 setup)
-DEVICES_PER_NODE = 8
 
 
 def link_fraction(accel) -> float:
@@ -58,6 +57,9 @@ def exposed_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float, list]
       FSDP/ZeRO-3 per micro-batch: all-gather the parameters for forward and again for
                  backward, reduce-scatter the gradients; prefetched one unit ahead, so only what
                  exceeds the compute window (plus the first unit's gather) is exposed.
+      hybrid FSDP the same within each node (NVLink), and each reduce-scattered gradient shard
+                 all-reduced between the nodes' replicas, in the backward window
+                 (`replica_all_reduce_s`).
       DP         torch.nn.DataParallel: per micro-batch, broadcast the weights from GPU 0,
                  scatter inputs, gather outputs, reduce gradients to GPU 0; nothing overlaps.
     Expert parallelism adds its all-to-alls (`_all_to_all_s`) on top, exposed.
@@ -71,6 +73,20 @@ def exposed_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float, list]
                      "routed tokens per MoE layer and micro-batch, not overlapped")
     exposed, host, more = _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd)
     return exposed + a2a * max(1, int(job.grad_accum)), host, notes + more
+
+
+def replica_all_reduce_s(gradient_bytes: float, n: int, g: int, accel) -> float:
+    """Hybrid FSDP's all-reduce between replicas: after the reduce-scatter within a node, the
+    g ranks of each node all-reduce their 1/g shard with the same rank of every other node
+    (n / g replicas; torch FSDP1 `_post_reduce_grad_callback` / FSDP2 on a 2-D mesh). The g rings
+    run at once through the node's NIC, so it carries 2(r-1)/r x (G/g) x g = 2(r-1)/r x G per
+    direction, at NODE_NIC_BYTES_PER_S; 0 on one node (g = n)."""
+    if g >= n or gradient_bytes <= 0:
+        return 0.0
+    r = n / g
+    if accel.kind != "gpu":
+        return collective_s("all_reduce", gradient_bytes / g, max(2, round(r)), accel)
+    return 2.0 * (r - 1) / r * gradient_bytes / NODE_NIC_BYTES_PER_S
 
 
 def _all_to_all_s(job, accel, meta) -> float:
@@ -111,13 +127,20 @@ def _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float
         notes.append(f"ZeRO-{strat.order}: gradients reduce-scattered during backward, updated "
                      "parameters all-gathered after the optimizer step")
         return rs + ag, 0.0, notes
-    ag = collective_s("all_gather", p_compute, n, accel)
-    rs = collective_s("reduce_scatter", g_compute, n, accel)
+    g = strat.shard_devices(n)      # all n, or one node's under hybrid FSDP
+    ag = collective_s("all_gather", p_compute, g, accel)
+    rs = collective_s("reduce_scatter", g_compute, g, accel)
+    ar = replica_all_reduce_s(g_compute, n, g, accel)
     # the first unit's all-gather has no compute to hide behind: the largest wrapped block's
     # parameters, in the compute dtype (trace.largest_block_param_bytes is in the stored one)
     unit = meta.get("largest_block_param_bytes", 0.0) * p_compute / max(meta["weight_bytes"], 1.0)
-    first = collective_s("all_gather", min(p_compute, unit or p_compute), n, accel)
+    first = collective_s("all_gather", min(p_compute, unit or p_compute), g, accel)
     # ... nor the last unit's gradient reduce-scatter (the first block, last in backward)
-    last = collective_s("reduce_scatter", min(g_compute, unit or g_compute), n, accel)
-    per_mb = first + last + max(0.0, ag - t_fwd) + max(0.0, ag + rs - t_bwd)
+    last_unit = min(g_compute, unit or g_compute)
+    last = collective_s("reduce_scatter", last_unit, g, accel) \
+        + replica_all_reduce_s(last_unit, n, g, accel)
+    per_mb = first + last + max(0.0, ag - t_fwd) + max(0.0, ag + rs + ar - t_bwd)
+    if g < n:
+        notes.append(f"hybrid sharding: FSDP within each node of {g} GPUs, gradient shards "
+                     f"all-reduced between the {n / g:g} nodes' replicas")
     return per_mb * k, 0.0, notes

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from ..accelerators import Accelerator
 from ..errors import TrainplanError
 from ..precision import BF16_AMP, FP16_AMP, FP8_AO_TENSORWISE, FP8_TE_CURRENT
-from ..strategy import DDP, DP, FSDP, SINGLE, ZERO2, ZERO3
+from ..strategy import DDP, DP, SINGLE, ZERO2, ZERO3
 from ..trace.semantics import ROCM_EXPERIMENTAL_SDPA
 from ..units import fmt_bytes, fmt_gib
 from .findings import Finding
@@ -79,7 +79,7 @@ def offload_run(job, level: str) -> str:
     (CPUOffload(offload_params=True), accelerate's fsdp_offload_params) moves the parameters
     with the optimizer state, it has none of the state alone (rule `fsdp-offloads-parameters`,
     plan/fixes.py `_offload`); DeepSpeed runs either."""
-    return "optimizer+params" if job.strategy is FSDP and level == "optimizer" else level
+    return "optimizer+params" if job.strategy.fsdp and level == "optimizer" else level
 
 
 def offloaded_optimizer(job):
@@ -165,7 +165,7 @@ RULES: tuple[Rule, ...] = (
                       "ZeRO-Offload)",
          lambda j, a: j.with_(strategy=_offload_strategy(j))),
     Rule("fsdp-offloads-parameters", "error",
-         lambda j, a: j.strategy is FSDP and j.offload == "optimizer",
+         lambda j, a: j.strategy.fsdp and j.offload == "optimizer",
          lambda j, a: "FSDP's CPU offload (CPUOffload(offload_params=True), accelerate's "
                       "fsdp_offload_params) moves the parameters and gradients to the host with "
                       "the optimizer state; FSDP has no offload of the optimizer state alone: "

@@ -48,7 +48,6 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 
-from ..strategy import FSDP
 from .comm import DEVICES_PER_NODE
 
 
@@ -107,8 +106,9 @@ def offload_time(job, accel, meta: dict, n: int, t_fwd: float, t_bwd: float,
     off = job.offload
     if not off.states:
         return Offloaded()
-    fsdp = job.strategy is FSDP       # CPUOffload: parameters, gradients and update on the host
-    shards = n if job.strategy.shards_optimizer else 1
+    fsdp = job.strategy.fsdp          # CPUOffload: parameters, gradients and update on the host
+    shards = job.strategy.shard_devices(n) if job.strategy.shards_optimizer \
+        else 1
     ranks_here = min(n, DEVICES_PER_NODE)
     if cpu_cores:
         cores, whose = cpu_cores / ranks_here, "the platform's"

@@ -47,7 +47,7 @@ import functools
 import json
 from importlib import resources
 
-from ..strategy import FSDP, ZERO1, ZERO2, ZERO3
+from ..strategy import ZERO1, ZERO2, ZERO3
 
 FWD_BWD = ("forward", "backward")
 
@@ -69,11 +69,13 @@ def _stored_bytes(trace) -> float:
 
 def per_device(c: dict[str, float], job, trace, phase: str, n: int) -> None:
     """Rewrite phase categories `c` (single-device bytes) as one of `n` devices holds them under
-    job.strategy (FSDP or ZeRO; others are left as they are) and expert parallelism. Mutates `c`."""
+    job.strategy (FSDP or ZeRO; others are left as they are) and expert parallelism. Mutates `c`.
+    FSDP's hybrid sharding (hsdp) is FSDP over the devices of one node, each node holding a
+    replica (strategy.py)."""
     s = job.strategy
     _expert_parallel(c, job, trace)
-    if s is FSDP:
-        _fsdp(c, job, trace, phase, n)
+    if s.fsdp:
+        _fsdp(c, job, trace, phase, s.shard_devices(n))
     elif s in (ZERO1, ZERO2, ZERO3):
         _zero(c, job, trace, phase, n)
 
@@ -140,7 +142,8 @@ def checkpoint_phase(c: dict[str, float], job, trace, n: int) -> dict[str, float
     """What one device holds while a checkpoint is saved, from the optimizer phase's categories
     on that device (`c`): None where saving gathers nothing (module docstring; data/sharding.json
     `fsdp_full_state_dict_on_save`)."""
-    if job.strategy is not FSDP or n < 2 or not value("fsdp_full_state_dict_on_save"):
+    n = job.strategy.shard_devices(n)
+    if not job.strategy.fsdp or n < 2 or not value("fsdp_full_state_dict_on_save"):
         return None
     unit = float(max(trace.largest_block_param_bytes, trace.root_param_bytes))
     out = dict.fromkeys(c, 0.0)

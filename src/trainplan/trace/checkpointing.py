@@ -7,6 +7,10 @@ job says otherwise (Job.reentrant_checkpointing):
 
 * full: only the block's inputs are kept; everything inside is recomputed in backward
   (Korthikanti et al. 2022: 2sbh per layer remains for a transformer, the layer input);
+* every-K: every K-th block as under full, the others not checkpointed: torchtitan's "selective
+  layer" mode (`selective_ac_option: K`, `_apply_ac_to_transformer_block`: a block is wrapped
+  when its running count is divisible by K, so blocks K-1, 2K-1, ... counting from 0), torchtune's
+  `ac_option` likewise; fms-fsdp's `selective_checkpointing: 1/K` picks every K-th block too;
 * selective: PyTorch's selective activation checkpointing with torchtitan's "op" policy
   (pytorch/torchtitan `_apply_ac_to_transformer_block`, its `_save_list` and `_custom_policy`,
   as at the 2024-12 benchmark's commit 9dec370 and since): it keeps the outputs of the attention kernels and of every
@@ -116,7 +120,9 @@ def apply_checkpointing(model: nn.Module, mode: str, recompute_context=None,
     there, as torch.utils.checkpoint restores CUDA autocast)."""
     if mode == "none":
         return []
-    blocks = find_blocks(model)
+    from ..spec import every_k
+    k = every_k(mode) or 1
+    blocks = [b for i, b in enumerate(find_blocks(model)) if (i + 1) % k == 0]
     for _name, block in blocks:
         orig = block.forward
         state = {"calls": 0}

@@ -117,16 +117,23 @@ def repeated_stack(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
     return best
 
 
-def cut(model: nn.Module, blocks: int, periodic: bool = True) -> Stack | None:
+def cut(model: nn.Module, blocks: int, periodic: bool = True, every: int = 1) -> Stack | None:
     """Keep the first `blocks` blocks of the model's repeated stack (in place); None when the
     model has no stack of at least MIN_BLOCKS alike blocks (it is left whole). `periodic`:
     blocks of several layers (module docstring) allowed; without, only a stack of alike layers
-    is cut (generation's forwards, trace/generate.py, whose per-layer tagging reads layers)."""
+    is cut (generation's forwards, trace/generate.py, whose per-layer tagging reads layers).
+    `every`: only every `every`-th layer is checkpointed (trace/checkpointing.py, every-K), a
+    pattern of its own that the period takes in (the least common multiple of both)."""
+    import math
     found = repeated_stack(model)
     if found is None:
         return None
     name, stack = found
     period = layer_period(getattr(model, "config", None), len(stack))
+    if period is not None and every > 1:
+        period = math.lcm(period, every)
+        if len(stack) % period:
+            period = None         # the checkpointed layers do not repeat a whole number of times
     if period is None or (period > 1 and not periodic) or len(stack) // period < MIN_BLOCKS or \
             blocks >= len(stack) // period:
         return None

@@ -27,6 +27,7 @@ from torch.utils.module_tracker import ModuleTracker
 from ..errors import TrainplanError
 from ..models import ModelBundle, build_model
 from ..models.custom import user_files
+from ..spec import every_k
 from . import fp8, hf_values, moe, store, windows
 from . import blocks as block_tags
 from .checkpointing import apply_checkpointing
@@ -209,7 +210,8 @@ def _set_up(job, semantics: KernelSemantics, routing, depth: int | None) -> _Set
     (prepare.py), FP8 linears, checkpointing with the rerun's context, and the counter, target
     semantics and module tracker the step runs under."""
     bundle = build_model(job, attention=semantics.attention)
-    stack = cut(bundle.module, depth) if depth else None
+    stack = cut(bundle.module, depth, every=every_k(job.grad_checkpointing) or 1) if depth \
+        else None
     bundle.notes.extend(moe.configure(bundle.module, routing or moe.routing_for(job),
                                       moe.top_k_of(getattr(bundle.module, "config", None))))
     lora_names = prepare_model(job, bundle, semantics)
