@@ -327,8 +327,8 @@ def h100_rows(name: str = "h100_trainplan_measure.jsonl",
 
 # Other published throughputs (validation/data/published_throughput_extra.{csv,md}): used by the
 # leave-one-source-out cross-validation like every other source. Rows whose setup the tool cannot
-# express are listed with the reason and kept out: torch.compile, HSDP, torchtitan's "every k-th
-# block" checkpointing, NVLink on a catalog GPU without it, hub ids not bundled.
+# express are listed with the reason and kept out: torch.compile, every k-th block checkpointed
+# with k not stated, NVLink on a catalog GPU without it, hub ids not bundled.
 EXTRA_MODEL = {"mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1",
                "NousResearch/Llama-2-70b-hf": "meta-llama/Llama-2-70b-hf"}
 # reported, kept out of fits and headline: PEFT's MetaMathQA batches are padded to a varying
@@ -371,8 +371,9 @@ def _every_k(ck: str) -> int | None:
 
 def _mode(ck: str) -> str:
     """A row's activation_checkpointing as the job's --grad-checkpointing."""
-    if _every_k(ck):
-        return f"every-{_every_k(ck)}"
+    k = _every_k(ck)
+    if k:
+        return f"every-{k}"
     word = ck.split()[0]
     return "selective" if word.startswith("selective") else word
 

@@ -35,7 +35,8 @@ PRECISIONS = prec_mod.NAMES
 STRATEGIES = strat_mod.NAMES
 OPTIMIZERS = opt_mod.NAMES
 OFFLOADS = opt_mod.OFFLOAD_NAMES
-CHECKPOINTING = ("none", "full", "selective", "every-K")
+CHECKPOINT_MODES = ("none", "full", "selective")          # and every-K (`every_k`)
+CHECKPOINTING = CHECKPOINT_MODES + ("every-K",)
 CHECKPOINT_IMPLS = ("auto", "reentrant", "non-reentrant")
 ATTENTIONS = ("auto", "eager", "sdpa", "flash", "efficient", "math")
 # frozen floating-point parameters kept in the 16-bit dtype under mixed precision (quantization.py):
@@ -182,7 +183,7 @@ def _checkpointing(value) -> str:
     k = every_k(text)
     if k == 1:
         return "full"
-    if k >= 2 or text in CHECKPOINTING[:3]:
+    if k >= 2 or text in CHECKPOINT_MODES:
         return f"every-{k}" if k else text
     raise unknown("grad_checkpointing", text, CHECKPOINTING, n=1,
                   allowed="none, full, selective, every-K (every K-th block in full, K >= 2)",

@@ -11,8 +11,8 @@ configs/axolotl.py reads, so that reading it back gives the same job.
 """
 from __future__ import annotations
 
-from ..spec import checkpointing_label, every_k
-from .frameworks import PLACEHOLDER, Export, deepspeed_file, dump_yaml, header, launcher
+from .frameworks import (PLACEHOLDER, Export, deepspeed_file, dump_yaml, every_block_note,
+                         header, launcher)
 
 ATTN = {"flash": "flash_attention_2", "sdpa": "sdpa", "eager": "eager", "math": "eager",
         "efficient": "xformers"}
@@ -87,9 +87,7 @@ def _checkpointing(c: dict, job, notes: list[str]) -> None:
     if job.grad_checkpointing == "selective":
         notes.append("selective checkpointing planned; axolotl's gradient_checkpointing "
                      "checkpoints whole blocks (more recompute, less memory)")
-    if every_k(job.grad_checkpointing) >= 2:
-        notes.append(f"{checkpointing_label(job.grad_checkpointing)} planned; "
-                     "axolotl checkpoints every block (more recompute, less memory)")
+    notes.extend(every_block_note(job, "axolotl"))
 
 
 def _adapter(c: dict, job) -> None:

@@ -9,8 +9,8 @@ depend on them (it models ZeRO's sharded states and collectives, not bucket size
 header. A DDP plan exports ZeRO stage 0 (data parallel, no sharding); FSDP exports stage 3, the
 same sharding (strategy.py: "as zero3"); hybrid FSDP too, with a note: DeepSpeed has no replicas
 of a node-sharded state (ZeRO++'s hpZ keeps only a second copy of the weights), so ZeRO-3 shards
-over every GPU, with less memory and more traffic between nodes than planned. The script, its arguments and the environment are
-shell-quoted in `deepspeed.sh`."""
+over every GPU, with less memory and more traffic between nodes than planned. The script, its
+arguments and the environment are shell-quoted in `deepspeed.sh`."""
 from __future__ import annotations
 
 import json

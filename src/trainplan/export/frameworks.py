@@ -25,6 +25,7 @@ import yaml
 
 from ..errors import TrainplanError
 from ..optimizer import ADAM, SGD_MOMENTUM
+from ..spec import checkpointing_label, every_k
 from .common import Launch, _wrap, kept_settings
 
 PLACEHOLDER = "REPLACE_WITH_YOUR_DATASET"
@@ -114,6 +115,15 @@ def final_job(job, platform, pp):
         jp = jp.with_(seq_len=planned_seq_len(jp.model))
     return jp.with_(batch_size=pp.micro_batch_size, grad_accum=pp.grad_accum,
                     precision=pp.precision, strategy=pp.strategy, gpus=pp.devices)
+
+
+def every_block_note(job, framework: str) -> list[str]:
+    """What an export says where the plan checkpoints every K-th block and `framework`'s
+    gradient checkpointing wraps every block: [] for any other mode."""
+    if every_k(job.grad_checkpointing) < 2:
+        return []
+    return [f"{checkpointing_label(job.grad_checkpointing)} planned; {framework} checkpoints "
+            "every block (more recompute, less memory)"]
 
 
 def header(ln: Launch, launch: str, notes: list[str]) -> str:

@@ -14,8 +14,8 @@ llama_factory.yaml`), in the keys configs/llamafactory.py reads.
 from __future__ import annotations
 
 from ..errors import TrainplanError
-from ..spec import checkpointing_label, every_k
-from .frameworks import PLACEHOLDER, Export, deepspeed_file, dump_yaml, header, launcher
+from .frameworks import (PLACEHOLDER, Export, deepspeed_file, dump_yaml, every_block_note,
+                         header, launcher)
 
 ATTN = {"flash": "fa2", "sdpa": "sdpa", "eager": "disabled", "math": "disabled"}
 STAGE = {"sft": "sft", "dpo": "dpo", "ppo": "ppo"}
@@ -53,9 +53,7 @@ def render(e: Export) -> dict[str, str]:
         c["use_reentrant_gc"] = job.reentrant_checkpointing
     if job.grad_checkpointing == "selective":
         notes.append("selective checkpointing planned; LLaMA-Factory checkpoints whole blocks")
-    if every_k(job.grad_checkpointing) >= 2:
-        notes.append(f"{checkpointing_label(job.grad_checkpointing)} planned; "
-                     "LLaMA-Factory checkpoints every block (more recompute, less memory)")
+    notes.extend(every_block_note(job, "LLaMA-Factory"))
     c.pop("flash_attn", None)
     if job.attention in ATTN:
         c["flash_attn"] = ATTN[job.attention]

@@ -66,8 +66,9 @@ def render(e: Export) -> dict[str, str]:
     c["enable_activation_checkpointing"] = job.grad_checkpointing != "none"
     c.pop("ac_mode", None)
     c.pop("ac_option", None)
-    if every_k(job.grad_checkpointing) >= 2:    # torchtune's selective layer mode
-        c["ac_mode"], c["ac_option"] = "selective", every_k(job.grad_checkpointing)
+    k = every_k(job.grad_checkpointing)
+    if k >= 2:                                  # torchtune's selective layer mode
+        c["ac_mode"], c["ac_option"] = "selective", k
     if job.grad_checkpointing == "selective":
         notes.append("selective checkpointing planned; torchtune checkpoints whole layers")
     opt = dict(c.get("optimizer") or {})

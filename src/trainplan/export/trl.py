@@ -16,8 +16,8 @@ configs/trl.py reads.
 """
 from __future__ import annotations
 
-from ..spec import checkpointing_label, every_k
-from .frameworks import PLACEHOLDER, Export, deepspeed_file, dump_yaml, header, launcher
+from .frameworks import (PLACEHOLDER, Export, deepspeed_file, dump_yaml, every_block_note,
+                         header, launcher)
 
 ATTN = {"flash": "flash_attention_2", "sdpa": "sdpa", "eager": "eager", "math": "eager"}
 DTYPE = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
@@ -51,9 +51,7 @@ def render(e: Export) -> dict[str, str]:
         c["gradient_checkpointing_kwargs"] = {"use_reentrant": job.reentrant_checkpointing}
     if job.grad_checkpointing == "selective":
         notes.append("selective checkpointing planned; the Trainer checkpoints whole blocks")
-    if every_k(job.grad_checkpointing) >= 2:
-        notes.append(f"{checkpointing_label(job.grad_checkpointing)} planned; "
-                     "the Trainer checkpoints every block (more recompute, less memory)")
+    notes.extend(every_block_note(job, "the Trainer"))
     if job.attention in ATTN:
         c["attn_implementation"] = ATTN[job.attention]
     _peft(c, job)

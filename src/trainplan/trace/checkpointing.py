@@ -34,6 +34,8 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from ..spec import every_k
+
 aten = torch.ops.aten
 # torchtitan's `_save_list` (its reduce_scatter and max entries concern tensor parallelism and
 # float8 amax; a trace has neither): mm outputs every other time (FP8 GEMMs, `_scaled_mm`,
@@ -120,7 +122,6 @@ def apply_checkpointing(model: nn.Module, mode: str, recompute_context=None,
     there, as torch.utils.checkpoint restores CUDA autocast)."""
     if mode == "none":
         return []
-    from ..spec import every_k
     k = every_k(mode) or 1
     blocks = [b for i, b in enumerate(find_blocks(model)) if (i + 1) % k == 0]
     for _name, block in blocks:

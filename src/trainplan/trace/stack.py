@@ -19,6 +19,7 @@ sliding windows below `max_window_layers` only) is not cut: `layer_period`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -124,7 +125,6 @@ def cut(model: nn.Module, blocks: int, periodic: bool = True, every: int = 1) ->
     is cut (generation's forwards, trace/generate.py, whose per-layer tagging reads layers).
     `every`: only every `every`-th layer is checkpointed (trace/checkpointing.py, every-K), a
     pattern of its own that the period takes in (the least common multiple of both)."""
-    import math
     found = repeated_stack(model)
     if found is None:
         return None
