@@ -177,6 +177,11 @@ def repredicted(rec: dict) -> dict:
         os.chdir(here)
 
 
+# a predicted step whose device waits on the host for more than this share of it rests on the
+# host model (the summary's split of the step-time error)
+HOST_WAIT_SHARE = 0.05
+
+
 def summary(args) -> int:
     """Markdown table of predicted against measured, from the records only (with --repredict,
     the records' jobs predicted again by this code, beside the same measurements)."""
@@ -192,12 +197,14 @@ def summary(args) -> int:
     lines = [f"# Predicted against measured: {out.parent.name}", "",
              f"Produced by `python scripts/measure_matrix.py --summary{flag} --out {out}` from "
              f"{len(recs)} records (`trainplan measure`, {recs[0]['device']['name']}, torch "
-             f"{recs[0]['versions']['torch']}; {how}). Error = predicted / measured - 1.", "",
-             "| job | measured step | predicted step | error | measured peak alloc | "
+             f"{recs[0]['versions']['torch']}; {how}). Error = predicted / measured - 1. "
+             "`host wait`: of the predicted step, the time the device waits on the host issuing "
+             "its kernels (predict/host.py); the rest is the kernels' own time.", "",
+             "| job | measured step | predicted step | error | host wait | measured peak alloc | "
              "predicted peak alloc | error | measured peak reserved | predicted peak reserved | "
              "measured device used | predicted device used |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    t_err, m_err = [], []
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    t_err, m_err, by_wait = [], [], {False: [], True: []}
     for r in recs:
         j, m, p = r["job"], r["measured"], r.get("predicted") or {}
         label = (f"{j['model']} b{j['batch_size']} {j['precision']} "
@@ -207,13 +214,17 @@ def summary(args) -> int:
         et = p["device_step_time_s"] / m["step_time_s"] - 1 if p.get("device_step_time_s") else None
         em = (p["peak_allocated_bytes"] / m["peak_allocated_bytes"] - 1
               if p.get("peak_allocated_bytes") and m.get("peak_allocated_bytes") else None)
+        wait = p.get("host_wait_s")
         if et is not None:
             t_err.append(abs(et))
+            if wait is not None:
+                by_wait[wait > HOST_WAIT_SHARE * p["device_step_time_s"]].append(abs(et))
         if em is not None:
             m_err.append(abs(em))
         lines.append(f"| {label} | {m['step_time_s'] * 1e3:.1f} ms | "
                      + (f"{p['device_step_time_s'] * 1e3:.1f} ms" if et is not None else "-")
                      + f" | {f'{et:+.1%}' if et is not None else '-'} | "
+                     + (f"{wait * 1e3:.1f} ms" if wait is not None else "-") + " | "
                      f"{fmt_bytes(m.get('peak_allocated_bytes'))} | "
                      f"{fmt_bytes(p.get('peak_allocated_bytes'))} | "
                      f"{f'{em:+.1%}' if em is not None else '-'} | "
@@ -226,6 +237,12 @@ def summary(args) -> int:
               f"{max(t_err):.1%})" if t_err else "",
               f"peak allocated {statistics.median(m_err):.1%} ({len(m_err)} runs)"
               if m_err else ""]
+    if by_wait[False] and by_wait[True]:
+        lines += ["", f"Step time, the runs predicted to wait on the host for at most "
+                  f"{HOST_WAIT_SHARE:.0%} of the step (their kernels' time): median "
+                  f"{statistics.median(by_wait[False]):.1%} ({len(by_wait[False])} runs); the "
+                  f"runs predicted to wait longer: {statistics.median(by_wait[True]):.1%} "
+                  f"({len(by_wait[True])} runs)"]
     md = out.with_name("summary.md")
     md.write_text("\n".join(lines).rstrip() + "\n")
     print(md.read_text())

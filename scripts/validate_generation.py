@@ -10,6 +10,13 @@ The compared number is the row's `metric`:
   output_tokens_per_s   completion tokens per second over the whole generate call (prefill
                         included), batch x completion_len / wall time = GenerationEstimate.tokens_per_s
   ms_per_output_token   1000 / that
+  total_tokens_per_s    (prompt + completion tokens) / wall time, as the Qwen3 speed benchmark
+                        defines its speed: the same wall time, so batch x completion_len /
+                        (batch x (prompt_len + completion_len) / value)
+
+Engines: `hf` and `vllm` are predict/generation.py's; a row of another engine names the one whose
+model it is predicted with (ENGINE_MODEL: SGLang replays CUDA graphs over a paged KV cache, as
+vLLM does) and is reported under its own name.
 
 Error = (predicted - measured) / measured on tokens/s (+: predicted too fast). Traces are read
 from, and written to, the trace store (TRAINPLAN_TRACE_CACHE, default validation/.cache/gen_traces).
@@ -39,6 +46,9 @@ from trainplan.predict.generation import estimate_generation  # noqa: E402
 from trainplan.spec import Job, validate  # noqa: E402
 
 
+ENGINE_MODEL = {"hf": "hf", "vllm": "vllm", "sglang": "vllm"}
+
+
 def load_rows(path: Path = DATA) -> list[dict]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
@@ -50,6 +60,9 @@ def measured_tokens_per_s(row: dict) -> float:
         return v
     if row["metric"] == "ms_per_output_token":
         return int(row["batch"]) * 1000.0 / v
+    if row["metric"] == "total_tokens_per_s":
+        p, c = int(row["prompt_len"]), int(row["completion_len"])
+        return v * c / (p + c)
     raise ValueError(f"unknown metric {row['metric']!r}")
 
 
@@ -59,7 +72,8 @@ def predict(row: dict):
                        attention=row.get("attention") or "auto", gpu=row["gpu"]))
     return estimate_generation(job, get_accelerator(row["gpu"]), prompts=int(row["batch"]),
                                prompt_len=int(row["prompt_len"]),
-                               completion_len=int(row["completion_len"]), engine=row["engine"])
+                               completion_len=int(row["completion_len"]),
+                               engine=ENGINE_MODEL[row["engine"]])
 
 
 def stats(errs) -> tuple[int, float, float, float]:
@@ -101,7 +115,7 @@ def main() -> int:
         "", "## Summary", "",
         "| rows | n | median abs err | p90 abs err | median signed err |", "|---|---|---|---|---|"]
     groups = [("all", results)] + [(f"engine: {e}", [x for x in results if x[0]["engine"] == e])
-                                    for e in ("hf", "vllm")]
+                                    for e in dict.fromkeys(x[0]["engine"] for x in results)]
     groups += [(f"source: {s}", [x for x in results if x[0]["id"].split("-")[0] == s])
                for s in dict.fromkeys(x[0]["id"].split("-")[0] for x in results)]
     for name, sub in groups:

@@ -3,6 +3,7 @@ the results file scripts/validate_generation.py wrote from them. Reads files onl
 traced here (the script itself traces and predicts every row)."""
 import csv
 import re
+import sys
 from datetime import date
 from pathlib import Path
 
@@ -16,6 +17,14 @@ HELD_BACK = ("DeepLearningExamples", "llm-foundry", "litgpt", "torchtune", "hugg
              "unsloth", "lambdal", "deeplearning-benchmark")
 
 
+def script():
+    """scripts/validate_generation.py, imported inside a test (the session's trace store is set
+    by then, so the script's default store is not taken)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import validate_generation
+    return validate_generation
+
+
 def rows():
     with open(CSV, newline="") as f:
         return list(csv.DictReader(f))
@@ -23,15 +32,16 @@ def rows():
 
 def test_csv_rows_are_complete_and_sourced():
     rs = rows()
-    assert 10 <= len(rs) <= 30
+    assert 10 <= len(rs) <= 80
     assert len({r["id"] for r in rs}) == len(rs)
     for r in rs:
         assert r["source"].startswith("https://") and r["section"], r["id"]
         assert not any(h.lower() in r["source"].lower() for h in HELD_BACK), r["id"]
         assert date.fromisoformat(r["date"]) <= date(2026, 11, 26), r["id"]
-        assert r["engine"] in ("hf", "vllm"), r["id"]
+        assert r["engine"] in script().ENGINE_MODEL, r["id"]
         assert r["precision"] in ("bf16", "fp16"), r["id"]
-        assert r["metric"] in ("output_tokens_per_s", "ms_per_output_token"), r["id"]
+        assert r["metric"] in ("output_tokens_per_s", "ms_per_output_token",
+                               "total_tokens_per_s"), r["id"]
         assert float(r["value"]) > 0
         assert min(int(r["batch"]), int(r["prompt_len"]), int(r["completion_len"])) >= 1
 
@@ -46,7 +56,24 @@ def test_gpu_and_model_ids_resolve_in_the_catalogs():
 def test_results_file_lists_exactly_the_csv_rows():
     text = RESULTS.read_text()
     assert re.search(r"on \d{4}-\d{2}-\d{2} on a \S+ machine with \d+ CPU cores", text)
-    listed = re.findall(r"^\| ([a-z0-9.\-]+) \| (?:hf|vllm) \|", text, re.M)
+    listed = re.findall(r"^\| ([a-z0-9.\-]+) \| (?:hf|vllm|sglang) \|", text, re.M)
     assert sorted(listed) == sorted(r["id"] for r in rows())
-    for engine in ("all", "engine: hf", "engine: vllm"):
+    for engine in ("all", "engine: hf", "engine: vllm", "engine: sglang"):
         assert re.search(rf"^\| {engine} \| \d+ \| [\d.]+% \| [\d.]+% \|", text, re.M), engine
+
+
+def test_total_tokens_metric_is_the_same_wall_time():
+    """The Qwen3 page's speed counts prompt and generated tokens over one wall time: 6144 + 2048
+    tokens at 8192 tok/s is one second, so 2048 generated tokens a second."""
+    row = {"metric": "total_tokens_per_s", "value": "8192", "batch": "1", "prompt_len": "6144",
+           "completion_len": "2048"}
+    assert script().measured_tokens_per_s(row) == 2048.0
+    row.update(metric="output_tokens_per_s")
+    assert script().measured_tokens_per_s(row) == 8192.0
+
+
+def test_every_engine_is_predicted_with_a_modelled_one():
+    from trainplan.predict.generation import ENGINES
+    engine_model = script().ENGINE_MODEL
+    assert set(engine_model.values()) <= set(ENGINES)
+    assert {r["engine"] for r in rows()} <= set(engine_model)

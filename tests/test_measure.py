@@ -100,6 +100,9 @@ def test_prediction_in_record_is_trainplans(measured):
     assert p["step_time_s"] == pytest.approx(est.time.step_time_s, rel=1e-12)
     assert p["device_step_time_s"] == pytest.approx(p["step_time_s"])   # one device, no data wait
     assert p["calibration"] is None
+    # the part of that step the device waits on the host (the queue, predict/host.py)
+    assert p["host_wait_s"] == pytest.approx(est.time.breakdown_s["overhead"], rel=1e-12)
+    assert 0 <= p["host_wait_s"] < p["device_step_time_s"]
 
 
 @pytest.mark.parametrize("kw", [

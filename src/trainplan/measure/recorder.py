@@ -61,6 +61,9 @@ class Predicted:
     kernel_semantics: dict
     calibrated_step_time_s: float | None     # with the stored calibration, if there is one
     calibration: dict | None
+    # of device_step_time_s, the seconds the device waits on the host issuing its kernels (the
+    # host/device queue, predict/host.py): what separates a host error from a kernel error
+    host_wait_s: float | None = None
 
 
 def check_measurable(job: Job) -> None:
@@ -126,7 +129,8 @@ def predict(job: Job, accel_id: str) -> Predicted:
         peak_reserved_bytes=m.peak_reserved_bytes, device_used_bytes=m.device_used_bytes,
         kernel_semantics={"attention": tr.semantics.attention,
                           "autocast_dtype": tr.semantics.autocast_dtype},
-        calibrated_step_time_s=cal.step_time_s if cal_info else None, calibration=cal_info)
+        calibrated_step_time_s=cal.step_time_s if cal_info else None, calibration=cal_info,
+        host_wait_s=t.breakdown_s.get("overhead") if t is not None else None)
 
 
 class Recorder:
