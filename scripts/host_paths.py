@@ -1,6 +1,7 @@
 """What a transformers model's own code costs the host per kernel, by path, on this CPU.
 
 Run: python scripts/host_paths.py
+     python scripts/host_paths.py --models bert,gpt2,llama,qwen2   (by model, below)
 
 scripts/host_dispatch.py measures PyTorch's dispatch by path on bare functional ops; the time
 model's host costs (predict/host.py) are built from those, times one fitted scale. This measures
@@ -19,9 +20,16 @@ saves in the forward, the unpack, the rerun's bookkeeping and its check of what 
 spread over them. That work, a rerun kernel's cost less a forward kernel, is Python with no
 kernel launch in it: scripts/calibrate_time.py CHECKPOINT_S (predict/host.py `checkpoint_s`).
 docs/validation.md says what each figure shows and what the fit does with it.
+
+`--models`: the training step's forward and backward, seconds per kernel, through each named
+model's own transformers code at the same tiny shape (24 layers, hidden 64, SDPA, 8 tokens;
+the models measured in turn, five rounds, the least of each):
+what one host spends per kernel on different model code, which the time model's per-path costs
+(the same for every model) do not tell apart.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -50,6 +58,73 @@ def _model(checkpointed: bool):
     return model
 
 
+def _tiny(name: str):
+    """`name`'s transformers model at the shape `_model` uses (24 layers, hidden 64)."""
+    import transformers as tf
+    torch.manual_seed(0)
+    common = dict(vocab_size=256, attn_implementation="sdpa")
+    if name == "bert":
+        return tf.BertForMaskedLM(tf.BertConfig(hidden_size=64, intermediate_size=128,
+                                                num_hidden_layers=24, num_attention_heads=2,
+                                                **common))
+    if name == "gpt2":
+        return tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=64, n_layer=24, n_head=2, bos_token_id=0,
+                                                eos_token_id=0, **common))
+    if name == "llama":
+        return tf.LlamaForCausalLM(tf.LlamaConfig(hidden_size=64, intermediate_size=128,
+                                                  num_hidden_layers=24, num_attention_heads=2,
+                                                  num_key_value_heads=1, **common))
+    if name == "qwen2":
+        return _model(False)
+    raise SystemExit(f"--models: {name!r} is not one of bert, gpt2, llama, qwen2")
+
+
+ROUNDS = 5
+
+
+def _fresh_step(model, ids, repeat: int = 20) -> tuple[float, float, int, int]:
+    """`_training`'s figures for a step that starts with no gradients (`zero_grad(set_to_none)`,
+    as a training loop does), the forward and the backward timed apart within each step (the
+    least of `repeat` of each), so every round runs and counts the same kernels and no
+    difference of two noisy minima stands for the backward."""
+    def forward():
+        return model(input_ids=ids, labels=ids).loss
+
+    model.zero_grad(set_to_none=True)
+    c = Count(MODEL_VIEWS)
+    with c:
+        loss = forward()
+        k_fwd = c.kernels
+        loss.backward()
+    t_f = t_b = float("inf")
+    for _ in range(repeat + 1):        # the first warms up
+        model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        loss = forward()
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        t_f, t_b = min(t_f, t1 - t0), min(t_b, t2 - t1)
+    return t_f, t_b, k_fwd, c.kernels - k_fwd
+
+
+def by_model(names: list[str]) -> int:
+    torch.set_num_threads(1)        # as host_dispatch.py: one thread issues, as on a GPU host
+    ids = torch.randint(0, 256, (1, 8))
+    models = {n: _tiny(n) for n in names}
+    runs = {n: [] for n in names}
+    for _ in range(ROUNDS):         # interleaved, the least of each: this CPU's speed wanders
+        for n, model in models.items():
+            runs[n].append(_fresh_step(model, ids))
+    for name in names:
+        t_f, t_b = min(r[0] for r in runs[name]), min(r[1] for r in runs[name])
+        k_f, k_b = runs[name][0][2], runs[name][0][3]
+        print(f"{name:6s} forward {k_f:5d} kernels {t_f / k_f * 1e6:6.2f} us a kernel, backward "
+              f"{k_b:5d} kernels {t_b / k_b * 1e6:6.2f} us, step {(t_f + t_b) / (k_f + k_b) * 1e6:6.2f}"
+              " us a kernel")
+    return 0
+
+
 def _training(model, ids) -> tuple[float, float, int, int]:
     """(forward s, backward s, forward kernels, backward kernels) of one training step."""
     def forward():
@@ -68,6 +143,11 @@ def _training(model, ids) -> tuple[float, float, int, int]:
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", help="comma-separated: bert, gpt2, llama, qwen2")
+    args = ap.parse_args()
+    if args.models:
+        return by_model(args.models.split(","))
     ids = torch.randint(0, 256, (1, 8))
     model = _model(False)
     t_f, t_b, k_f, k_b = _training(model, ids)
