@@ -119,9 +119,9 @@ def by_model(names: list[str]) -> int:
     for name in names:
         t_f, t_b = min(r[0] for r in runs[name]), min(r[1] for r in runs[name])
         k_f, k_b = runs[name][0][2], runs[name][0][3]
+        step = (t_f + t_b) / (k_f + k_b)
         print(f"{name:6s} forward {k_f:5d} kernels {t_f / k_f * 1e6:6.2f} us a kernel, backward "
-              f"{k_b:5d} kernels {t_b / k_b * 1e6:6.2f} us, step {(t_f + t_b) / (k_f + k_b) * 1e6:6.2f}"
-              " us a kernel")
+              f"{k_b:5d} kernels {t_b / k_b * 1e6:6.2f} us, step {step * 1e6:6.2f} us a kernel")
     return 0
 
 
