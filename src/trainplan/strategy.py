@@ -53,6 +53,14 @@ class Strategy(Named):
         all n, or under hybrid sharding the devices of one node."""
         return min(n, per_node) if self.hybrid else n
 
+    def optimizer_shards(self, n: int) -> int:
+        """The parts, of `n` devices, each device's optimizer state is 1 of (1: not sharded)."""
+        return self.shard_devices(n) if self.shards_optimizer and n > 1 else 1
+
+    def weight_shards(self, n: int) -> int:
+        """The parts, of `n` devices, each device's weights are 1 of (1: not sharded)."""
+        return self.shard_devices(n) if self.shards_weights and n > 1 else 1
+
     @property
     def replicated(self) -> bool:
         """Every device holds the whole model: single, dp, ddp."""
@@ -70,8 +78,8 @@ ZERO3 = Strategy("zero3", "DeepSpeed ZeRO-3 (optimizer state, gradients and weig
                  True, True, True, distributed=True, order=3)
 FSDP = Strategy("fsdp", "PyTorch FSDP, full sharding (as ZeRO-3)", True, True, True,
                 distributed=True, order=3, fsdp=True)
-HSDP = Strategy("hsdp", "PyTorch FSDP, hybrid sharding (in each node, replicas across)", True, True, True, distributed=True, order=3, fsdp=True,
-                hybrid=True)
+HSDP = Strategy("hsdp", "PyTorch FSDP, hybrid sharding (in each node, replicas across)", True,
+                True, True, distributed=True, order=3, fsdp=True, hybrid=True)
 ALL: tuple[Strategy, ...] = (SINGLE, DP, DDP, FSDP, HSDP, ZERO1, ZERO2, ZERO3)
 NAMES = tuple(s.name for s in ALL)
 _ALIASES = {"none": SINGLE, "no": SINGLE, "dataparallel": DP, "data-parallel": DP,

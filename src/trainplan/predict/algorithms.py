@@ -47,25 +47,18 @@ class AlgorithmStep:
     notes: tuple[str, ...]
 
 
-def _sharded(job, devices: int) -> int:
-    """Devices the weights are split over (ZeRO-3 / FSDP: all; hybrid FSDP: a node's), else 1."""
-    return job.strategy.shard_devices(devices) \
-        if job.strategy.shards_weights and devices > 1 else 1
-
-
 def resident_bytes(job, trace, accel: Accelerator, devices: int) -> dict[str, int]:
     """What the algorithm keeps on each device through the training step, by what it is."""
     out: dict[str, int] = {}
-    weights = trace.weight_bytes // _sharded(job, devices)
+    weights = trace.weight_bytes // job.strategy.weight_shards(devices)
     reference = job.algorithm == "dpo" or job.algorithm == "ppo" or (
         job.algorithm == "grpo" and job.rollout is not None and job.rollout.beta > 0)
     if reference and job.lora is None:
         out["reference_weights"] = weights
     if job.algorithm == "ppo":
         out["reward_weights"] = weights
-        out["value_model"] = weights + (trace.gradient_bytes + trace.optimizer_state_bytes) // (
-            job.strategy.shard_devices(devices)
-            if job.strategy.shards_optimizer and devices > 1 else 1)
+        out["value_model"] = weights + (trace.gradient_bytes + trace.optimizer_state_bytes) // \
+            job.strategy.optimizer_shards(devices)
     if job.rollout is not None and job.rollout.engine == "vllm-colocate":
         out["generation_engine"] = int(job.rollout.gpu_memory_utilization
                                        * accel.usable_memory_bytes)
@@ -115,7 +108,7 @@ def _rollout(job, devices: int) -> dict:
     """The generation model's arguments for the job's rollout (each device generates what it
     trains on: micro-batch x accumulation sequences)."""
     r = job.rollout
-    sharded = _sharded(job, devices) if r.engine == "hf" else 1
+    sharded = job.strategy.weight_shards(devices) if r.engine == "hf" else 1
     return dict(prompts=max(1, job.batch_size) * max(1, job.grad_accum), generations_per_prompt=1,
                 prompt_len=r.prompt_len, completion_len=r.completion_len,
                 engine="hf" if r.engine == "hf" else "vllm", sharded_weights_devices=sharded,

@@ -107,7 +107,7 @@ def offload_time(job, accel, meta: dict, n: int, t_fwd: float, t_bwd: float,
     if not off.states:
         return Offloaded()
     fsdp = job.strategy.fsdp          # CPUOffload: parameters, gradients and update on the host
-    shards = job.strategy.shard_devices(n) if job.strategy.shards_optimizer else 1
+    shards = job.strategy.optimizer_shards(n)
     ranks_here = min(n, DEVICES_PER_NODE)
     if cpu_cores:
         cores, whose = cpu_cores / ranks_here, "the platform's"

@@ -380,8 +380,7 @@ def estimate_step_time(trace, accel, job, calibration: TimeParams | None = None,
         # GradScaler.unscale_: one foreach pass reads and writes every gradient
         # (_amp_foreach_non_finite_check_and_unscale_), bandwidth-bound
         opt += 2 * meta["gradient_bytes"] / (accel.memory_bandwidth_bytes_per_s * p.bw_eff)
-    if job.strategy.shards_optimizer and n > 1:             # each rank updates its shard
-        opt /= job.strategy.shard_devices(n)
+    opt /= job.strategy.optimizer_shards(n)                 # each rank updates its shard
     host_update = offloaded.update_s                        # the host's, in its place
     host_exposed = q.exposed_host_s
     comm, extra, notes = exposed_comm(job, accel, meta, n, t_fwd, t_bwd)
