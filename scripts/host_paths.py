@@ -58,6 +58,16 @@ def _model(checkpointed: bool):
     return model
 
 
+def _kernels(forward) -> tuple[int, int]:
+    """(forward kernels, backward kernels) of one training step, `forward` returning its loss."""
+    c = Count(MODEL_VIEWS)
+    with c:
+        loss = forward()
+        k_fwd = c.kernels
+        loss.backward()
+    return k_fwd, c.kernels - k_fwd
+
+
 def _tiny(name: str):
     """`name`'s transformers model at the shape `_model` uses (24 layers, hidden 64)."""
     import transformers as tf
@@ -91,11 +101,7 @@ def _fresh_step(model, ids, repeat: int = 20) -> tuple[float, float, int, int]:
         return model(input_ids=ids, labels=ids).loss
 
     model.zero_grad(set_to_none=True)
-    c = Count(MODEL_VIEWS)
-    with c:
-        loss = forward()
-        k_fwd = c.kernels
-        loss.backward()
+    k_fwd, k_bwd = _kernels(forward)
     t_f = t_b = float("inf")
     for _ in range(repeat + 1):        # the first warms up
         model.zero_grad(set_to_none=True)
@@ -105,7 +111,7 @@ def _fresh_step(model, ids, repeat: int = 20) -> tuple[float, float, int, int]:
         loss.backward()
         t2 = time.perf_counter()
         t_f, t_b = min(t_f, t1 - t0), min(t_b, t2 - t1)
-    return t_f, t_b, k_fwd, c.kernels - k_fwd
+    return t_f, t_b, k_fwd, k_bwd
 
 
 def by_model(names: list[str]) -> int:
@@ -133,13 +139,9 @@ def _training(model, ids) -> tuple[float, float, int, int]:
     def step():
         forward().backward()
 
-    c = Count(MODEL_VIEWS)
-    with c:
-        loss = forward()
-        k_fwd = c.kernels
-        loss.backward()
+    k_fwd, k_bwd = _kernels(forward)
     t_f = best(forward, 20)
-    return t_f, best(step, 20) - t_f, k_fwd, c.kernels - k_fwd
+    return t_f, best(step, 20) - t_f, k_fwd, k_bwd
 
 
 def main() -> int:

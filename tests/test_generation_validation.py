@@ -2,10 +2,12 @@
 the results file scripts/validate_generation.py wrote from them. Reads files only: nothing is
 traced here (the script itself traces and predicts every row)."""
 import csv
+import importlib.util
 import re
-import sys
 from datetime import date
 from pathlib import Path
+
+import pytest
 
 from trainplan.accelerators import load_accelerators
 from trainplan.models.hf_names import bundled_index
@@ -17,12 +19,15 @@ HELD_BACK = ("DeepLearningExamples", "llm-foundry", "litgpt", "torchtune", "hugg
              "unsloth", "lambdal", "deeplearning-benchmark")
 
 
+@pytest.fixture(scope="module")
 def script():
-    """scripts/validate_generation.py, imported inside a test (the session's trace store is set
-    by then, so the script's default store is not taken)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import validate_generation
-    return validate_generation
+    """scripts/validate_generation.py, loaded once for the module's tests (the session's trace
+    store is set by then, so the script's default store is not taken)."""
+    spec = importlib.util.spec_from_file_location("validate_generation",
+                                                  ROOT / "scripts" / "validate_generation.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def rows():
@@ -30,7 +35,7 @@ def rows():
         return list(csv.DictReader(f))
 
 
-def test_csv_rows_are_complete_and_sourced():
+def test_csv_rows_are_complete_and_sourced(script):
     rs = rows()
     assert 10 <= len(rs) <= 80
     assert len({r["id"] for r in rs}) == len(rs)
@@ -38,7 +43,7 @@ def test_csv_rows_are_complete_and_sourced():
         assert r["source"].startswith("https://") and r["section"], r["id"]
         assert not any(h.lower() in r["source"].lower() for h in HELD_BACK), r["id"]
         assert date.fromisoformat(r["date"]) <= date(2026, 11, 26), r["id"]
-        assert r["engine"] in script().ENGINE_MODEL, r["id"]
+        assert r["engine"] in script.ENGINE_MODEL, r["id"]
         assert r["precision"] in ("bf16", "fp16"), r["id"]
         assert r["metric"] in ("output_tokens_per_s", "ms_per_output_token",
                                "total_tokens_per_s"), r["id"]
@@ -62,18 +67,18 @@ def test_results_file_lists_exactly_the_csv_rows():
         assert re.search(rf"^\| {engine} \| \d+ \| [\d.]+% \| [\d.]+% \|", text, re.M), engine
 
 
-def test_total_tokens_metric_is_the_same_wall_time():
+def test_total_tokens_metric_is_the_same_wall_time(script):
     """The Qwen3 page's speed counts prompt and generated tokens over one wall time: 6144 + 2048
     tokens at 8192 tok/s is one second, so 2048 generated tokens a second."""
     row = {"metric": "total_tokens_per_s", "value": "8192", "batch": "1", "prompt_len": "6144",
            "completion_len": "2048"}
-    assert script().measured_tokens_per_s(row) == 2048.0
+    assert script.measured_tokens_per_s(row) == 2048.0
     row.update(metric="output_tokens_per_s")
-    assert script().measured_tokens_per_s(row) == 8192.0
+    assert script.measured_tokens_per_s(row) == 8192.0
 
 
-def test_every_engine_is_predicted_with_a_modelled_one():
+def test_every_engine_is_predicted_with_a_modelled_one(script):
     from trainplan.predict.generation import ENGINES
-    engine_model = script().ENGINE_MODEL
+    engine_model = script.ENGINE_MODEL
     assert set(engine_model.values()) <= set(ENGINES)
     assert {r["engine"] for r in rows()} <= set(engine_model)
