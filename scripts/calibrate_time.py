@@ -120,13 +120,32 @@ HOST_DISPATCH = {"forward_op_s": 5.82e-6, "backward_op_s": 2.98e-6, "inference_o
 CHECKPOINT_S = 31.5e-6
 if os.environ.get("TRAINPLAN_FIT_CHECKPOINT_COST") == "1":
     HOST_DISPATCH["checkpoint_s"] = CHECKPOINT_S
+# The model's own Python per module entered (`python scripts/host_paths.py --modules`, 2026-12-05,
+# this 2-core machine: fitted on BERT, GPT-2 and Llama's transformers code, checked on T5's and
+# ViT's, +0.7% and -15.0% where kernels alone give +6.9% and -48.5%): 1.62 forward ops, taken at
+# host_dispatch.py's forward op. A view in the backward costs a backward op (host_dispatch.py
+# measures `backward_op_s` per backward op, views counted; host_paths.py --modules: 2.95 us a
+# kernel, 4.09 us a view there). Measured, and not in the bundled fit: with them the fit and its
+# cross-validation are as docs/validation.md says ("The model's own code on the host");
+# TRAINPLAN_FIT_MODULE_COST=1 / TRAINPLAN_FIT_BACKWARD_VIEWS=1 fit and cross-validate with them.
+MODULE_KERNELS = 1.62
+if os.environ.get("TRAINPLAN_FIT_MODULE_COST") == "1":
+    HOST_DISPATCH["module_s"] = MODULE_KERNELS * HOST_DISPATCH["forward_op_s"]
+if os.environ.get("TRAINPLAN_FIT_BACKWARD_VIEWS") == "1":
+    HOST_DISPATCH["backward_view_s"] = HOST_DISPATCH["backward_op_s"]
 HOST_DISPATCH_SOURCE = ("measured, not fitted: `PYTHONPATH=src python scripts/host_dispatch.py` "
                         "on 2026-11-27, this project's 2-core CPU machine (AMD EPYC, torch "
                         "2.13.0+cpu), two runs within 3% (ratios backward 0.51-0.52, inference "
                         "0.55-0.57, view 0.155-0.157 of a forward op)" + (
                             "; torch.utils.checkpoint's own work per op a checkpointed block "
                             "reruns, 31.5 us (`python scripts/host_paths.py` on 2026-12-04, the "
-                            "same machine, two runs)" if "checkpoint_s" in HOST_DISPATCH else ""))
+                            "same machine, two runs)" if "checkpoint_s" in HOST_DISPATCH
+                            else "") + (
+                            "; the model's own code, 1.62 forward ops a module entered (`python "
+                            "scripts/host_paths.py --modules` on 2026-12-05, the same machine)"
+                            if "module_s" in HOST_DISPATCH else "") + (
+                            "; a backward view costs a backward op (host_dispatch.py's backward "
+                            "op counts views)" if "backward_view_s" in HOST_DISPATCH else ""))
 # CPU time of one CUDA kernel launch beyond PyTorch's dispatch: no published measurement with
 # its host CPU named was found (XLA's cost model assumes 5 us "in the absence of easy ways to
 # query them"; docs/kernel_ceilings_research.md), so none is added: the fitted host_scale

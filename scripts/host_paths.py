@@ -2,6 +2,7 @@
 
 Run: python scripts/host_paths.py
      python scripts/host_paths.py --models bert,gpt2,llama,qwen2   (by model, below)
+     python scripts/host_paths.py --modules                        (per module, below)
 
 scripts/host_dispatch.py measures PyTorch's dispatch by path on bare functional ops; the time
 model's host costs (predict/host.py) are built from those, times one fitted scale. This measures
@@ -26,6 +27,20 @@ model's own transformers code at the same tiny shape (24 layers, hidden 64, SDPA
 the models measured in turn, five rounds, the least of each):
 what one host spends per kernel on different model code, which the time model's per-path costs
 (the same for every model) do not tell apart.
+
+`--modules`: what separates them. A model's forward is its kernels' dispatch plus the Python of
+its modules (each module entered runs its own forward: attribute reads, shape arithmetic, config
+checks), so per model
+
+    forward - views x view = a x kernels + c x modules entered
+    backward               = b x (kernels + views)        (every backward op an autograd node's)
+
+fitted by least squares on BERT, GPT-2 and Llama (the same tiny shape, SDPA) and checked on two
+code bases the fit never saw: T5 (encoder-decoder, relative position bias) and ViT. The module's
+cost is printed as c / a, a multiple of a forward kernel's, which stays put as the CPU's speed
+wanders; x host_dispatch.py's forward_op_s it is predict/host.py's `module_s`
+(scripts/calibrate_time.py MODULE_KERNELS). The backward's fit with kernels and views apart says
+whether a view there costs a kernel's (host_dispatch.py counts both as backward ops).
 """
 from __future__ import annotations
 
@@ -73,6 +88,15 @@ def _tiny(name: str):
     import transformers as tf
     torch.manual_seed(0)
     common = dict(vocab_size=256, attn_implementation="sdpa")
+    if name == "t5":
+        return tf.T5ForConditionalGeneration(tf.T5Config(
+            d_model=64, d_ff=128, d_kv=32, num_layers=12, num_decoder_layers=12, num_heads=2,
+            decoder_start_token_id=0, pad_token_id=0, **common))
+    if name == "vit":
+        return tf.ViTForImageClassification(tf.ViTConfig(
+            image_size=64, patch_size=16, hidden_size=64, intermediate_size=128,
+            num_hidden_layers=24, num_attention_heads=2, num_labels=10,
+            attn_implementation="sdpa"))
     if name == "bert":
         return tf.BertForMaskedLM(tf.BertConfig(hidden_size=64, intermediate_size=128,
                                                 num_hidden_layers=24, num_attention_heads=2,
@@ -86,10 +110,18 @@ def _tiny(name: str):
                                                   num_key_value_heads=1, **common))
     if name == "qwen2":
         return _model(False)
-    raise SystemExit(f"--models: {name!r} is not one of bert, gpt2, llama, qwen2")
+    raise SystemExit(f"--models: {name!r} is not one of bert, gpt2, llama, qwen2, t5, vit")
 
 
 ROUNDS = 5
+
+
+def _loss(model, ids):
+    """A function running `model`'s training forward on `ids` (an image batch for ViT)."""
+    if isinstance(getattr(model, "config", None), __import__("transformers").ViTConfig):
+        image = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+        return lambda: model(pixel_values=image).logits.float().sum()
+    return lambda: model(input_ids=ids, labels=ids).loss
 
 
 def _fresh_step(model, ids, repeat: int = 20) -> tuple[float, float, int, int]:
@@ -97,8 +129,7 @@ def _fresh_step(model, ids, repeat: int = 20) -> tuple[float, float, int, int]:
     as a training loop does), the forward and the backward timed apart within each step (the
     least of `repeat` of each), so every round runs and counts the same kernels and no
     difference of two noisy minima stands for the backward."""
-    def forward():
-        return model(input_ids=ids, labels=ids).loss
+    forward = _loss(model, ids)
 
     model.zero_grad(set_to_none=True)
     k_fwd, k_bwd = _kernels(forward)
@@ -131,6 +162,74 @@ def by_model(names: list[str]) -> int:
     return 0
 
 
+FIT, CHECK = ("bert", "gpt2", "llama"), ("t5", "vit")
+
+
+def _counts(model, ids) -> tuple[int, int, int, int, int]:
+    """(forward kernels, forward views, modules entered, backward kernels, backward views)."""
+    forward, calls = _loss(model, ids), [0]
+
+    def entered(module, args) -> None:
+        calls[0] += 1
+    model.zero_grad(set_to_none=True)
+    c = Count(MODEL_VIEWS)
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(entered)
+    try:
+        with c:
+            loss = forward()
+            k_f, v_f = c.kernels, c.views
+            hook.remove()
+            loss.backward()
+    finally:
+        hook.remove()
+    return k_f, v_f, calls[0], c.kernels - k_f, c.views - v_f
+
+
+def by_module() -> int:
+    """The `--modules` fit (module docstring)."""
+    import numpy as np
+    torch.set_num_threads(1)
+    ids = torch.randint(0, 256, (1, 8))
+    names = FIT + CHECK
+    models = {n: _tiny(n) for n in names}
+    counts = {n: _counts(m, ids) for n, m in models.items()}
+    v = torch.randn(2, 4, 8)
+
+    def views():
+        for _ in range(100):
+            v.view(8, 8).transpose(0, 1).unsqueeze(0)
+    runs = {n: [] for n in names}
+    view_s = float("inf")
+    for _ in range(ROUNDS):         # interleaved, the least of each: this CPU's speed wanders
+        view_s = min(view_s, best(views, 20) / 300)
+        for n, model in models.items():
+            runs[n].append(_fresh_step(model, ids)[:2])
+    t_f = np.array([min(r[0] for r in runs[n]) for n in names])
+    t_b = np.array([min(r[1] for r in runs[n]) for n in names])
+    k_f, v_f, mods, k_b, v_b = (np.array(col, float) for col in zip(*(counts[n] for n in names)))
+    fit = np.arange(len(FIT))
+    net = t_f - v_f * view_s
+    (a, c), *_ = np.linalg.lstsq(np.stack([k_f, mods], 1)[fit], net[fit], rcond=None)
+    b = float(np.sum((k_b + v_b)[fit] * t_b[fit]) / np.sum((k_b + v_b)[fit] ** 2))
+    (bk, bv), *_ = np.linalg.lstsq(np.stack([k_b, v_b], 1)[fit], t_b[fit], rcond=None)
+    (a0,), *_ = np.linalg.lstsq(k_f[fit, None], net[fit], rcond=None)
+    print(f"fitted on {', '.join(FIT)}; checked on {', '.join(CHECK)} "
+          f"(view {view_s * 1e6:.2f} us)")
+    print(f"forward: {a * 1e6:.2f} us a kernel + {c * 1e6:.2f} us a module entered: a module "
+          f"costs {c / a:.2f} forward kernels")
+    print(f"backward: {b * 1e6:.2f} us an op (kernel or view); apart {bk * 1e6:.2f} us a kernel, "
+          f"{bv * 1e6:.2f} us a view")
+    print("model   fwd kernels  views modules  measured  kernels+modules  kernels only"
+          "   bwd ops  measured  per op")
+    for i, n in enumerate(names):
+        with_m, only = a * k_f[i] + c * mods[i] + v_f[i] * view_s, a0 * k_f[i] + v_f[i] * view_s
+        print(f"{n:6s} {k_f[i]:12.0f} {v_f[i]:6.0f} {mods[i]:7.0f} {t_f[i] * 1e3:7.2f} ms "
+              f"{(with_m / t_f[i] - 1) * 100:+14.1f}% {(only / t_f[i] - 1) * 100:+12.1f}% "
+              f"{k_b[i] + v_b[i]:9.0f} {t_b[i] * 1e3:7.2f} ms "
+              f"{(b * (k_b[i] + v_b[i]) / t_b[i] - 1) * 100:+6.1f}%")
+    return 0
+
+
 def _training(model, ids) -> tuple[float, float, int, int]:
     """(forward s, backward s, forward kernels, backward kernels) of one training step."""
     def forward():
@@ -146,8 +245,12 @@ def _training(model, ids) -> tuple[float, float, int, int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", help="comma-separated: bert, gpt2, llama, qwen2")
+    ap.add_argument("--models", help="comma-separated: bert, gpt2, llama, qwen2, t5, vit")
+    ap.add_argument("--modules", action="store_true",
+                    help="a module's host cost against a kernel's (module docstring)")
     args = ap.parse_args()
+    if args.modules:
+        return by_module()
     if args.models:
         return by_model(args.models.split(","))
     ids = torch.randint(0, 256, (1, 8))

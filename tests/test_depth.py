@@ -250,7 +250,7 @@ def _same_table(tr) -> None:
     listed = replace(tr, ops=list(tr.ops))        # its own derived: no parts, no table
     assert listed.derived.ops_parts is None
     mine, theirs = summarize(tr), summarize(listed)
-    for col in mine.COLS + ("seq", "seq_host"):
+    for col in mine.COLS + ("seq", "seq_host", "seq_modules"):
         assert np.array_equal(getattr(mine, col), getattr(theirs, col)), col
     assert len(mine.seq) == sum(r.flops > 0 or r.bytes > 0 for r in tr.ops)
 

@@ -447,10 +447,13 @@ def test_op_table_puts_repeated_records_back_block_after_block():
     records repeated unevenly (a multi-tensor op grown for some blocks only) run while they
     have copies left; records with no work are left out of the order and the rows."""
     from types import SimpleNamespace
+
+    import numpy as np
     from trainplan.trace.facts import OpRecord, TraceDerived
 
     def rec(name, phase, flops=1.0, host=0):
-        return OpRecord(name, "other", phase, flops, 8.0, "float32", "m", host_ops=host)
+        return OpRecord(name, "other", phase, flops, 8.0, "float32", "m", host_ops=host,
+                        host_modules=3 * host)
 
     emb, a, b, c, head = (rec(n, "forward", f, h) for n, f, h in
                           (("emb", 1, 0), ("a", 2, 1), ("b", 3, 0), ("c", 4, 2), ("head", 5, 0)))
@@ -470,6 +473,9 @@ def test_op_table_puts_repeated_records_back_block_after_block():
                                                   "gb": 3, "ga": 3, "adam": 1}
     assert [int(h) for h in table.seq_host] == [0, 1, 0, 2, 1, 0, 2, 1, 0, 0,
                                                 0, 0, 0, 0, 0, 0, 0]
+    assert [int(m) for m in table.seq_modules] == [3 * int(h) for h in table.seq_host]
+    again = type(table).from_dict(table.to_dict())
+    assert np.array_equal(again.seq_modules, table.seq_modules)
     assert summarize(tr) is table                          # kept on the trace
 
 
@@ -579,7 +585,47 @@ def test_a_checkpointed_blocks_rerun_costs_the_host_its_measured_share():
         c = host_costs(p)
         assert c["recompute"] == pytest.approx(rerun_cost)
         host = issue_times(table, p)
-        views = table.seq_host * c["view"]
+        views = table.seq_host * np.where(backward, c["backward_view"], c["view"]) + \
+            table.seq_modules * c["module"]
         assert np.allclose(host[rerun] - views[rerun], c["recompute"])
         assert np.allclose(host[backward] - views[backward], c["backward"])
+        assert step_queue(table, zero, p).seconds == pytest.approx(float(host.sum()), rel=1e-9)
+
+
+def test_the_host_runs_the_models_modules_and_a_backward_view_as_a_backward_op():
+    """Between kernels the host runs the model's own code: each kernel carries the modules the
+    forward (or a checkpointed block's rerun) entered since the kernel before (the trace's
+    `host_modules`), none in the backward, which runs no module code; with `module_s` each
+    costs the host that (Python, no launch: not scaled), and with `backward_view_s` a view in
+    the backward costs a backward op (predict/host.py). Without them (None, the bundled fit)
+    neither costs anything more. The step's
+    queue (its fast path) charges exactly what issue_times does kernel by kernel."""
+    import dataclasses
+    import numpy as np
+    from trainplan.predict.host import host_costs, issue_times, step_queue
+    tiny = validate(Job(model=GPT2, batch_size=1, seq_len=64, precision="bf16-amp"))
+    table = summarize(trace_step(tiny, KernelSemantics(attention="flash",
+                                                       autocast_dtype=torch.bfloat16)))
+    ph = table.phase[table.seq]
+    fwd, bwd = ph == 0, ph == 1
+    linears = 4 * 12 + 1          # c_attn, c_proj, c_fc, mlp c_proj a block; lm_head
+    assert table.seq_modules[fwd].sum() > linears + 2 * 12      # each entered, ln_1 and ln_2 too
+    assert table.seq_modules[~fwd].sum() == 0
+    assert table.seq_host[bwd].sum() > 0
+    base = bundled()
+    none = dataclasses.replace(base, host_dispatch=dataclasses.replace(
+        base.host_dispatch, module_s=None, backward_view_s=None))
+    both = dataclasses.replace(base, host_dispatch=dataclasses.replace(
+        base.host_dispatch, module_s=9.4e-6, backward_view_s=base.host_dispatch.backward_op_s))
+    zero = np.zeros(len(table.name))
+    h0, h1 = issue_times(table, none), issue_times(table, both)
+    c0, c1 = host_costs(none), host_costs(both)
+    assert c0["module"] == 0 and c0["backward_view"] == c0["view"]
+    assert c1["module"] == pytest.approx(9.4e-6)        # Python: not scaled by host_scale
+    assert c1["backward_view"] == pytest.approx(c1["backward"] - base.cuda_launch_s)
+    extra = table.seq_modules * c1["module"] + \
+        np.where(bwd, table.seq_host * (c1["backward_view"] - c1["view"]), 0.0)
+    assert np.allclose(h1 - h0, extra)
+    assert (h1 - h0)[fwd].sum() > 0 and (h1 - h0)[bwd].sum() > 0
+    for p, host in ((none, h0), (both, h1)):
         assert step_queue(table, zero, p).seconds == pytest.approx(float(host.sum()), rel=1e-9)

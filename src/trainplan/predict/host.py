@@ -25,9 +25,18 @@ rerun's bookkeeping and its check of what it recomputed, `checkpoint_s` a rerun 
 through a real checkpointed decoder, scripts/host_paths.py; the forward's share of that work is
 counted here too, as the rerun repeats the forward's ops one for one), a no-grad forward as in
 generation, an optimizer step's multi-tensor op (a Python call, as a forward op); each view or
-other kernel-less op before it costs a view's dispatch. Per kind,
+other kernel-less op before it costs a view's dispatch, except in the backward, where a view is an
+autograd node's op like any other and costs a backward op's (`backward_view_s`: host_dispatch.py
+measures the backward per op, views among them). Between kernels the host also runs the model's
+own Python: every module entered runs its forward (attribute reads, shape arithmetic, config
+checks), `module_s` a module (the trace's `host_modules`), measured through real models' code
+(scripts/host_paths.py --modules: BERT's transformers code enters 0.6 modules a CPU kernel,
+Llama's 0.4, so BERT's host costs 1.5x Llama's a kernel where the dispatch alone says 1.1x). The
+bundled fit leaves `module_s` and `backward_view_s` unset (docs/validation.md, "The model's own
+code on the host": in the fit they help, on sources left out they did not). Per kind,
 
     h_kind = host_scale x dispatch_kind + cuda_launch_s      (a view: host_scale x dispatch_view;
+                                                  a module: module_s, Python, no launch in it;
                                                   a rerun op: h_forward + checkpoint_s)
 
 `dispatch_kind` is PyTorch's own dispatch cost by path, measured on a CPU with tensors too small
@@ -102,11 +111,14 @@ def host_costs(p: TimeParams) -> dict[str, float]:
     d, scale, launch = p.host_dispatch, p.host_scale, p.cuda_launch_s
     rerun = scale * d.backward_op_s if d.checkpoint_s is None else \
         scale * d.forward_op_s + d.checkpoint_s
+    view = scale * d.view_s
     return {"forward": scale * d.forward_op_s + launch,
             "backward": scale * d.backward_op_s + launch,
             "recompute": rerun + launch,
             "inference": scale * d.inference_op_s + launch,
-            "view": scale * d.view_s}
+            "view": view,
+            "backward_view": view if d.backward_view_s is None else scale * d.backward_view_s,
+            "module": d.module_s or 0.0}
 
 
 def issue_times(table: OpTable, p: TimeParams, speed: float = 1.0, inference: bool = False,
@@ -116,9 +128,11 @@ def issue_times(table: OpTable, p: TimeParams, speed: float = 1.0, inference: bo
     c = host_costs(p)
     per_phase = np.array([c["inference" if inference else "forward"], c["backward"],
                           c["forward"]], dtype=float)
+    view = np.array([c["view"], c["backward_view"], c["view"]], dtype=float)
     ph = table.phase[table.seq]
-    h = np.where(table.recompute[table.seq], c["recompute"], per_phase[ph]) + \
-        table.seq_host * c["view"]
+    rerun = table.recompute[table.seq]
+    h = np.where(rerun, c["recompute"], per_phase[ph]) + \
+        table.seq_host * np.where(rerun, c["view"], view[ph]) + table.seq_modules * c["module"]
     return h * (max(1, processes) / max(speed, 1e-9))
 
 
@@ -153,8 +167,8 @@ class _Issue:
 
     n_fwd: int
     n_mb: int
-    counts: np.ndarray       # (5, len(seq)): forward, backward, optimizer, rerun kernels and
-    sync: bool               # views so far
+    counts: np.ndarray       # (7, len(seq)): forward, backward, optimizer, rerun kernels, views
+    sync: bool               # outside and within the backward, modules entered, so far
 
 
 def _issue(table: OpTable) -> _Issue:
@@ -166,10 +180,10 @@ def _issue(table: OpTable) -> _Issue:
     if not (np.all(ph[:n_fwd] == FORWARD) and np.all(ph[n_fwd:n_mb] != OPTIMIZER)):
         raise ValueError("the op table's order is not forward, backward, optimizer")
     rerun = table.recompute[table.seq]
-    kinds = np.stack([ph == FORWARD, (ph != FORWARD) & (ph != OPTIMIZER) & ~rerun,
-                      ph == OPTIMIZER, rerun,
-                      np.zeros(len(ph), dtype=bool)]).astype(float)
-    kinds[4] = table.seq_host
+    backward = (ph != FORWARD) & (ph != OPTIMIZER) & ~rerun
+    kinds = np.stack([ph == FORWARD, backward, ph == OPTIMIZER, rerun]).astype(float)
+    kinds = np.concatenate([kinds, [table.seq_host * ~backward, table.seq_host * backward,
+                                    table.seq_modules]])
     counts = np.concatenate([np.cumsum(kinds[:, :n_mb], axis=1),
                              np.cumsum(kinds[:, n_mb:], axis=1)], axis=1)
     memo = table.memo.issue = _Issue(n_fwd, n_mb, counts, bool(sync_mask(table).any()))
@@ -192,8 +206,8 @@ def step_queue(table: OpTable, device: np.ndarray, p: TimeParams, k: int = 1, sp
         q_opt = run_queue(host[op], dev[op], sync[op])
     else:
         c = host_costs(p)
-        w = np.array([c["forward"], c["backward"], c["forward"], c["recompute"], c["view"]]) * (
-            max(1, processes) / max(speed, 1e-9))
+        w = np.array([c["forward"], c["backward"], c["forward"], c["recompute"], c["view"],
+                      c["backward_view"], c["module"]]) * (max(1, processes) / max(speed, 1e-9))
         h_cum = w @ iss.counts
         q_fw, q_mb, q_opt = _prefixes(h_cum, dev, iss.n_fwd, iss.n_mb)
     k = max(1, int(k))

@@ -4,8 +4,9 @@ Every accelerator times the same ops, so a trace is summarised once (memoised on
 distinct kernel -- (name, family, dtype, phase, convolution?, FLOPs, bytes, channels per group,
 shape) -- once, with its count, and the step's kernels in the order the host issues them
 (`seq`, indices into the table) with the kernel-less ops the host dispatched before each
-(`seq_host`: views and the like, trace/counters.py `host_ops`). The order is what the host/device
-queue (predict/host.py) runs over; the counts are what the totals sum.
+(`seq_host`: views and the like, trace/counters.py `host_ops`) and the model's modules entered
+before each (`seq_modules`: `host_modules`). The order is what the host/device queue
+(predict/host.py) runs over; the counts are what the totals sum.
 
 A trace read off a cut one (trace/derive/stitch.py) holds each of the last block's records once
 per block, the copies appended after the traced ops: the same record objects, so that a copy is
@@ -69,6 +70,7 @@ class OpTable:
     meta: dict = field(default_factory=dict)   # model_flops, gradient_bytes, params_total, ...
     seq: np.ndarray = None              # the step's kernels in issue order (indices)
     seq_host: np.ndarray = None         # kernel-less ops the host dispatched before each
+    seq_modules: np.ndarray = None      # the model's modules the host entered before each
     memo: TableMemo = field(default_factory=TableMemo, repr=False, compare=False)
 
     COLS = ("name", "family", "dtype", "phase", "conv", "flops", "bytes", "count",
@@ -88,12 +90,14 @@ class OpTable:
             self.seq = self.seq[np.argsort(self.phase[self.seq], kind="stable")]
         if self.seq_host is None:
             self.seq_host = np.zeros(len(self.seq), dtype=np.int64)
+        if self.seq_modules is None:
+            self.seq_modules = np.zeros(len(self.seq), dtype=np.int64)
 
     def to_dict(self) -> dict:
         cols = {c: getattr(self, c).tolist() for c in self.COLS if c != "shape"}
         cols["shape"] = [list(s) for s in self.shape]
         return {"cols": cols, "meta": self.meta, "seq": self.seq.tolist(),
-                "seq_host": self.seq_host.tolist()}
+                "seq_host": self.seq_host.tolist(), "seq_modules": self.seq_modules.tolist()}
 
     @classmethod
     def from_dict(cls, d: dict) -> "OpTable":
@@ -112,6 +116,8 @@ class OpTable:
                    meta=d["meta"], shape=shape,
                    seq=None if seq is None else np.asarray(seq, dtype=np.int64),
                    seq_host=None if seq is None else np.asarray(d["seq_host"], dtype=np.int64),
+                   seq_modules=None if seq is None or "seq_modules" not in d else
+                   np.asarray(d["seq_modules"], dtype=np.int64),
                    **ints)
 
 
@@ -168,6 +174,7 @@ _RAW = itemgetter(*(OpRecord._fields.index(f) for f in (
     "name", "family", "dtype", "phase", "flops", "bytes", "group_channels", "shape",
     "recompute")))
 _HOST = itemgetter(OpRecord._fields.index("host_ops"))
+_MODULES = itemgetter(OpRecord._fields.index("host_modules"))
 
 
 def _key(name, family, dtype, phase, flops, nbytes, group_channels, shape, recompute) -> tuple:
@@ -216,6 +223,8 @@ def summarize(trace) -> OpTable:
     worked = every >= 0
     seq = every[worked]
     seq_host = host[order][worked]
+    modules = np.fromiter(map(_MODULES, distinct), dtype=np.int64, count=len(distinct))
+    seq_modules = modules[order][worked]
     counts = np.bincount(seq, minlength=len(keys))
     if not keys:
         keys, counts = [("none", 2, 3, 0, False, 0.0, 0.0, 0, (), False)], [0]
@@ -237,6 +246,6 @@ def summarize(trace) -> OpTable:
                           "tokens_per_sample": trace.tokens_per_sample,
                           "channels_last": bool(trace.semantics.channels_last),
                           "cudnn_grouped_direct": bool(trace.semantics.cudnn_grouped_direct)},
-                    seq=seq, seq_host=seq_host)
+                    seq=seq, seq_host=seq_host, seq_modules=seq_modules)
     trace.derived.op_table = table
     return table

@@ -59,6 +59,14 @@ class HostDispatch:
     # a forward op's dispatch. None (the bundled fit: measured, not yet adopted, docs/validation.md
     # "A checkpointed block's rerun on the host"): a rerun op costs a backward op's
     checkpoint_s: float | None = None
+    # the model's own Python per module entered (a module's forward: its attribute reads, shape
+    # arithmetic, config checks), measured through real models' code (scripts/host_paths.py
+    # --modules): Python on the host CPU, no kernel launch in it, so, as `checkpoint_s`, not
+    # scaled by `host_scale` (predict/host.py). None: a module costs nothing beyond its ops
+    module_s: float | None = None
+    # a view dispatched in the backward: an autograd node's op as any other, the cost
+    # host_dispatch.py measures per backward op (views counted among them). None: a view's
+    backward_view_s: float | None = None
 
 
 @dataclass(frozen=True, eq=False)

@@ -104,6 +104,11 @@ class StepCounter(TorchDispatchMode):
     def phase(self, value: str) -> None:
         self._phase, self.block = value, -1      # no block runs as a phase begins
         self.host_pending = 0
+        self.modules_at = self._module_calls()   # modules entered before this phase's ops
+
+    def _module_calls(self) -> int:
+        """The model's modules entered so far (tracer.py `_Tracker.calls`; 0 untracked)."""
+        return getattr(getattr(self, "mt", None), "calls", 0)
 
     def __init__(self, module_tracker=None):
         super().__init__()
@@ -354,12 +359,14 @@ class StepCounter(TorchDispatchMode):
             shape += (sum(self.owner(t) == self.last_block for t in args[0]),)
         record = OpRecord(str(packet).split(".")[-1], op_family(packet), phase, flops,
                           float(nbytes), dtype.replace("torch.", ""), mod, self.recompute,
-                          _group_channels(packet, args), last, shape, self.host_pending)
+                          _group_channels(packet, args), last, shape, self.host_pending,
+                          self._module_calls() - self.modules_at)
         if windows > 1:
             self._per_window(record, windows, ins, written)
         else:
             self.records.append(record)
         self.host_pending = 0
+        self.modules_at = self._module_calls()
         if flops and mod:
             st = self.modules[mod]
             if phase == "forward":
@@ -408,7 +415,9 @@ class StepCounter(TorchDispatchMode):
             self.window_records = (len(self.records), n)
             self.window_extra = 0
         self.records.append(each.copied(host_ops=max(0, first)))
-        self.records.extend(each.copied(host_ops=max(0, later)) for _ in range(n - 1))
+        # the loop's later calls enter no module (its attention is a function)
+        self.records.extend(each.copied(host_ops=max(0, later), host_modules=0)
+                            for _ in range(n - 1))
 
 
 _BY_OWNER = ("setup", "optimizer")   # phases whose events are tagged by the tensors' blocks

@@ -46,6 +46,10 @@ class OpRecord(NamedTuple):
     # ops the host dispatched since the op before that launch no kernel (views, metadata
     # queries): CPU time the host spends before it can issue this one (predict/host.py)
     host_ops: int = 0
+    # the model's modules entered (their Python forward run) since the op before: the host runs
+    # the model's own code between kernels (predict/host.py `module_s`); forward and a
+    # checkpointed block's rerun only, as the backward runs no module code
+    host_modules: int = 0
 
     def copied(self, **changes) -> OpRecord:
         """A copy with `changes`: what `_replace` gives, in two thirds of its time (0.61 against

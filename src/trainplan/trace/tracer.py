@@ -78,6 +78,7 @@ class _Tracker(ModuleTracker):
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.entered: dict[str, int] = {}   # module name -> number of its latest entry
+        self.calls = 0                      # the model's modules entered so far (forward, rerun)
         self.version = 0                    # appends and pops so far (counters.py's cache key)
         self._model = model
 
@@ -105,6 +106,7 @@ class _Tracker(ModuleTracker):
     def _fw_pre_hook(self, mod, input) -> None:
         if mod not in self._known_modules:          # not the model's (the class docstring)
             return None
+        self.calls += 1
         if self.recomputing:
             return self._get_append_fn(self._get_mod_name(mod), False)()
         return super()._fw_pre_hook(mod, input)
