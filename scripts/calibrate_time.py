@@ -122,8 +122,8 @@ if os.environ.get("TRAINPLAN_FIT_CHECKPOINT_COST") == "1":
     HOST_DISPATCH["checkpoint_s"] = CHECKPOINT_S
 # The model's own Python per module entered (`python scripts/host_paths.py --modules`, 2026-12-05,
 # this 2-core machine: fitted on BERT, GPT-2 and Llama's transformers code, checked on T5's and
-# ViT's, +0.7% and -15.0% where kernels alone give +6.9% and -48.5%): 1.62 forward ops, taken at
-# host_dispatch.py's forward op. A view in the backward costs a backward op (host_dispatch.py
+# ViT's, +0.7% and -15.0% where kernels alone give +6.9% and -48.5%; a second run 1.73): 1.62
+# forward ops, taken at host_dispatch.py's forward op. A view in the backward costs a backward op (host_dispatch.py
 # measures `backward_op_s` per backward op, views counted; host_paths.py --modules: 2.95 us a
 # kernel, 4.09 us a view there). Measured, and not in the bundled fit: with them the fit and its
 # cross-validation are as docs/validation.md says ("The model's own code on the host");

@@ -84,6 +84,16 @@ def best(fn, repeat: int) -> float:
     return best
 
 
+def view_seconds(repeat: int, d: int = 8) -> float:
+    """The least seconds a view op takes: 100 rounds of view, transpose and unsqueeze."""
+    v = torch.randn(2, 4, d)
+
+    def views():
+        for _ in range(100):
+            v.view(8, d).transpose(0, 1).unsqueeze(0)
+    return best(views, repeat) / 300
+
+
 def measure(repeat: int = 200, d: int = 8, blocks: int = 8) -> dict:
     torch.set_num_threads(1)
     x = torch.randn(2, 4, d)
@@ -110,12 +120,7 @@ def measure(repeat: int = 200, d: int = 8, blocks: int = 8) -> dict:
         forward().backward()
     t_both = best(fwd_bwd, repeat)
     t_bwd = max(t_both - t_fwd, 0.0)
-    v = torch.randn(2, 4, d)
-
-    def views():
-        for _ in range(100):
-            v.view(8, d).transpose(0, 1).unsqueeze(0)
-    t_view = best(views, repeat) / 300
+    t_view = view_seconds(repeat, d)
     # a forward op's cost net of the views it dispatched (each a view's cost)
     per_fwd = (t_fwd - fwd_views * t_view) / fwd_kernels
     per_inf = (t_inf - fwd_views * t_view) / fwd_kernels

@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from host_dispatch import VIEWS, Count, best  # noqa: E402  (scripts/, beside this one)
+from host_dispatch import VIEWS, Count, best, view_seconds  # noqa: E402  (scripts/)
 
 # a model's code also reshapes and splits: kernel-less there too
 MODEL_VIEWS = VIEWS | {"reshape", "_reshape_alias", "split", "unbind", "split_with_sizes", "chunk"}
@@ -75,12 +75,28 @@ def _model(checkpointed: bool):
 
 def _kernels(forward) -> tuple[int, int]:
     """(forward kernels, backward kernels) of one training step, `forward` returning its loss."""
+    k_f, _, _, k_b, _ = _counts(forward)
+    return k_f, k_b
+
+
+def _counts(forward) -> tuple[int, int, int, int, int]:
+    """(forward kernels, forward views, modules entered, backward kernels, backward views) of one
+    training step, `forward` returning its loss."""
+    calls = [0]
+
+    def entered(module, args) -> None:
+        calls[0] += 1
     c = Count(MODEL_VIEWS)
-    with c:
-        loss = forward()
-        k_fwd = c.kernels
-        loss.backward()
-    return k_fwd, c.kernels - k_fwd
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(entered)
+    try:
+        with c:
+            loss = forward()
+            k_f, v_f = c.kernels, c.views
+            hook.remove()
+            loss.backward()
+    finally:
+        hook.remove()
+    return k_f, v_f, calls[0], c.kernels - k_f, c.views - v_f
 
 
 def _tiny(name: str):
@@ -118,7 +134,8 @@ ROUNDS = 5
 
 def _loss(model, ids):
     """A function running `model`'s training forward on `ids` (an image batch for ViT)."""
-    if isinstance(getattr(model, "config", None), __import__("transformers").ViTConfig):
+    from transformers import ViTConfig
+    if isinstance(getattr(model, "config", None), ViTConfig):
         image = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
         return lambda: model(pixel_values=image).logits.float().sum()
     return lambda: model(input_ids=ids, labels=ids).loss
@@ -165,26 +182,6 @@ def by_model(names: list[str]) -> int:
 FIT, CHECK = ("bert", "gpt2", "llama"), ("t5", "vit")
 
 
-def _counts(model, ids) -> tuple[int, int, int, int, int]:
-    """(forward kernels, forward views, modules entered, backward kernels, backward views)."""
-    forward, calls = _loss(model, ids), [0]
-
-    def entered(module, args) -> None:
-        calls[0] += 1
-    model.zero_grad(set_to_none=True)
-    c = Count(MODEL_VIEWS)
-    hook = torch.nn.modules.module.register_module_forward_pre_hook(entered)
-    try:
-        with c:
-            loss = forward()
-            k_f, v_f = c.kernels, c.views
-            hook.remove()
-            loss.backward()
-    finally:
-        hook.remove()
-    return k_f, v_f, calls[0], c.kernels - k_f, c.views - v_f
-
-
 def by_module() -> int:
     """The `--modules` fit (module docstring)."""
     import numpy as np
@@ -192,16 +189,14 @@ def by_module() -> int:
     ids = torch.randint(0, 256, (1, 8))
     names = FIT + CHECK
     models = {n: _tiny(n) for n in names}
-    counts = {n: _counts(m, ids) for n, m in models.items()}
-    v = torch.randn(2, 4, 8)
-
-    def views():
-        for _ in range(100):
-            v.view(8, 8).transpose(0, 1).unsqueeze(0)
+    counts = {}
+    for n, m in models.items():
+        m.zero_grad(set_to_none=True)
+        counts[n] = _counts(_loss(m, ids))
     runs = {n: [] for n in names}
     view_s = float("inf")
     for _ in range(ROUNDS):         # interleaved, the least of each: this CPU's speed wanders
-        view_s = min(view_s, best(views, 20) / 300)
+        view_s = min(view_s, view_seconds(20))
         for n, model in models.items():
             runs[n].append(_fresh_step(model, ids)[:2])
     t_f = np.array([min(r[0] for r in runs[n]) for n in names])

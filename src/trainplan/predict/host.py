@@ -121,19 +121,33 @@ def host_costs(p: TimeParams) -> dict[str, float]:
             "module": d.module_s or 0.0}
 
 
+def _kinds(table: OpTable) -> np.ndarray:
+    """(7, len(table.seq)): what each kernel's issue time is made of, a column a kernel: 1 in
+    the row of who issues it (a forward, backward, optimizer or rerun op), then the views before
+    it outside and within the backward and the modules entered before it. Its host time is
+    `_weights` . its column (module docstring)."""
+    ph = table.phase[table.seq]
+    rerun = table.recompute[table.seq]
+    backward = (ph != FORWARD) & (ph != OPTIMIZER) & ~rerun
+    return np.stack([ph == FORWARD, backward, ph == OPTIMIZER, rerun, table.seq_host * ~backward,
+                     table.seq_host * backward, table.seq_modules]).astype(float)
+
+
+def _weights(p: TimeParams, speed: float = 1.0, processes: int = 1,
+             inference: bool = False) -> np.ndarray:
+    """The host's seconds for each row of `_kinds` (an optimizer op is a Python call, as a forward
+    op), on a host of `speed` issuing for `processes` devices (`issue_times`)."""
+    c = host_costs(p)
+    w = np.array([c["inference" if inference else "forward"], c["backward"], c["forward"],
+                  c["recompute"], c["view"], c["backward_view"], c["module"]])
+    return w * (max(1, processes) / max(speed, 1e-9))
+
+
 def issue_times(table: OpTable, p: TimeParams, speed: float = 1.0, inference: bool = False,
                 processes: int = 1) -> np.ndarray:
     """Host seconds to issue each kernel of `table.seq` (module docstring). `processes` > 1:
     torch.nn.DataParallel issues every device's kernels from one Python thread."""
-    c = host_costs(p)
-    per_phase = np.array([c["inference" if inference else "forward"], c["backward"],
-                          c["forward"]], dtype=float)
-    view = np.array([c["view"], c["backward_view"], c["view"]], dtype=float)
-    ph = table.phase[table.seq]
-    rerun = table.recompute[table.seq]
-    h = np.where(rerun, c["recompute"], per_phase[ph]) + \
-        table.seq_host * np.where(rerun, c["view"], view[ph]) + table.seq_modules * c["module"]
-    return h * (max(1, processes) / max(speed, 1e-9))
+    return _weights(p, speed, processes, inference) @ _kinds(table)
 
 
 def sync_mask(table: OpTable) -> np.ndarray:
@@ -167,8 +181,8 @@ class _Issue:
 
     n_fwd: int
     n_mb: int
-    counts: np.ndarray       # (7, len(seq)): forward, backward, optimizer, rerun kernels, views
-    sync: bool               # outside and within the backward, modules entered, so far
+    counts: np.ndarray       # (7, len(seq)): `_kinds`' rows, so far
+    sync: bool
 
 
 def _issue(table: OpTable) -> _Issue:
@@ -179,11 +193,7 @@ def _issue(table: OpTable) -> _Issue:
     n_fwd, n_mb = int((ph == FORWARD).sum()), int((ph != OPTIMIZER).sum())
     if not (np.all(ph[:n_fwd] == FORWARD) and np.all(ph[n_fwd:n_mb] != OPTIMIZER)):
         raise ValueError("the op table's order is not forward, backward, optimizer")
-    rerun = table.recompute[table.seq]
-    backward = (ph != FORWARD) & (ph != OPTIMIZER) & ~rerun
-    kinds = np.stack([ph == FORWARD, backward, ph == OPTIMIZER, rerun]).astype(float)
-    kinds = np.concatenate([kinds, [table.seq_host * ~backward, table.seq_host * backward,
-                                    table.seq_modules]])
+    kinds = _kinds(table)
     counts = np.concatenate([np.cumsum(kinds[:, :n_mb], axis=1),
                              np.cumsum(kinds[:, n_mb:], axis=1)], axis=1)
     memo = table.memo.issue = _Issue(n_fwd, n_mb, counts, bool(sync_mask(table).any()))
@@ -205,10 +215,7 @@ def step_queue(table: OpTable, device: np.ndarray, p: TimeParams, k: int = 1, sp
         q_fw = run_queue(host[fw], dev[fw], sync[fw])
         q_opt = run_queue(host[op], dev[op], sync[op])
     else:
-        c = host_costs(p)
-        w = np.array([c["forward"], c["backward"], c["forward"], c["recompute"], c["view"],
-                      c["backward_view"], c["module"]]) * (max(1, processes) / max(speed, 1e-9))
-        h_cum = w @ iss.counts
+        h_cum = _weights(p, speed, processes) @ iss.counts
         q_fw, q_mb, q_opt = _prefixes(h_cum, dev, iss.n_fwd, iss.n_mb)
     k = max(1, int(k))
     t_mb = k * q_mb.seconds if q_mb.syncs else q_mb.repeated(k)

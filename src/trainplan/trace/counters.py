@@ -357,16 +357,16 @@ class StepCounter(TorchDispatchMode):
         if last and phase in _BY_OWNER and len(shape) == 2 and isinstance(args[0], (list, tuple)):
             # a multi-tensor op: how many of its list's tensors are the last block's (shapes.py)
             shape += (sum(self.owner(t) == self.last_block for t in args[0]),)
+        entered = self._module_calls()          # the model's modules entered so far
         record = OpRecord(str(packet).split(".")[-1], op_family(packet), phase, flops,
                           float(nbytes), dtype.replace("torch.", ""), mod, self.recompute,
                           _group_channels(packet, args), last, shape, self.host_pending,
-                          self._module_calls() - self.modules_at)
+                          entered - self.modules_at)
         if windows > 1:
             self._per_window(record, windows, ins, written)
         else:
             self.records.append(record)
-        self.host_pending = 0
-        self.modules_at = self._module_calls()
+        self.host_pending, self.modules_at = 0, entered
         if flops and mod:
             st = self.modules[mod]
             if phase == "forward":
