@@ -151,6 +151,15 @@ HOST_DISPATCH_SOURCE = ("measured, not fitted: `PYTHONPATH=src python scripts/ho
 # query them"; docs/kernel_ceilings_research.md), so none is added: the fitted host_scale
 # carries the launch with the dispatch
 CUDA_LAUNCH_S = 0.0
+# Compute that overlaps a collective runs slower: NCCL's kernels hold SMs (24 of an H100's 132
+# beside an all-gather, NVIDIA developer forum thread 337991) and HBM bandwidth. Lee et al. 2025
+# (arXiv:2507.03114, "Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed
+# Deep Learning") measure an 18.9% mean slowdown of overlapped compute (40.0% at most) over GPT
+# and Llama training steps on 4 A100s and 4 H100s. Measured, not fitted (predict/comm.py); a
+# fitted fraction came to 0.65 and did not carry from DDP's rows to FSDP's (docs/validation.md).
+OVERLAP_SLOWDOWN = 0.189
+OVERLAP_SLOWDOWN_SOURCE = ("measured, not fitted: the mean slowdown of compute overlapping a "
+                           "collective, 18.9% (Lee et al. 2025, arXiv:2507.03114, A100 and H100)")
 CUDA_LAUNCH_SOURCE = ("none added: no published launch cost with its host CPU named; the "
                       "fitted host_scale carries it (docs/kernel_ceilings_research.md)")
 # FlashAttention-2's forward+backward throughput at head dimension 64 against 128, non-causal
@@ -244,8 +253,11 @@ def dle_rows() -> list[dict]:
 
 # llm-foundry MPT benchmark models (scripts/train/yamls/pretrain/mpt-*.yaml; benchmarked with
 # learned position embeddings, biases, LayerNorm, GELU MLP 4d, tied embeddings, vocab 50368,
-# no dropout, triton flash attention). (d_model, n_heads, n_layers); the parameter counts are
-# checked against the README's NumParams column for every row (assert in mpt_rows).
+# no dropout, triton flash attention, and ComposerMPTCausalLM's default loss, `loss_fn:
+# fused_crossentropy`: FlashAttention's fused cross-entropy kernel on labels shifted by
+# torch.roll, llmfoundry/models/mpt/modeling_mpt.py; models/fused_loss.py). (d_model, n_heads,
+# n_layers); the parameter counts are checked against the README's NumParams column for every row
+# (assert in mpt_rows).
 MPT = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24),
        "1b": (2048, 16, 24), "3b": (2560, 20, 32), "7b": (4096, 32, 32),
        "13b": (5120, 40, 40), "30b": (7168, 56, 48), "70b": (8192, 64, 80)}
@@ -262,7 +274,7 @@ def mpt_dims(size: str, seq: int) -> dict:
     return dict(hidden_size=d, num_layers=n, num_heads=h, intermediate_size=4 * d,
                 vocab_size=50368, kind="decoder", norm="layernorm", activation="gelu",
                 positional_encoding="learned", max_position_embeddings=seq,
-                tie_embeddings=True, dropout=0.0, bias=True)
+                tie_embeddings=True, dropout=0.0, bias=True, loss="fused")
 
 
 def reference_params(dims: dict) -> int:
@@ -609,7 +621,8 @@ def to_params(x: np.ndarray) -> TimeParams:
                matmul_ceiling=MATMUL_CEILING, fp32_ceiling=FP32_CEILING,
                fp32_emax=FP32_EMAX_UNMEASURED, attn_head_dim_half=ATTN_HEAD_DIM_HALF,
                attn_seq_half=ATTN_SEQ_HALF,
-               cuda_launch_s=CUDA_LAUNCH_S, host_dispatch=HOST_DISPATCH)
+               cuda_launch_s=CUDA_LAUNCH_S, host_dispatch=HOST_DISPATCH,
+               overlap_slowdown=OVERLAP_SLOWDOWN)
     return TimeParams.of(out)
 
 
@@ -714,7 +727,8 @@ def main() -> None:
     EFF.write_text(json.dumps({"params": {k: getattr(params, k)
                                           for k in (*PARAMS, "bw_eff", "tc_emax",
                                                     "fp32_emax", "attn_head_dim_half",
-                                                    "attn_seq_half", "cuda_launch_s")},
+                                                    "attn_seq_half", "cuda_launch_s",
+                                                    "overlap_slowdown")},
                                "matmul_ceiling": MATMUL_CEILING,
                                "fp32_ceiling": FP32_CEILING,
                                "attn_generation": ATTN_GENERATION,
@@ -743,6 +757,7 @@ def main() -> None:
                          "(docs/kernel_ceilings_research.md section 2)",
         "host_dispatch_source": HOST_DISPATCH_SOURCE,
         "cuda_launch_s_source": CUDA_LAUNCH_SOURCE,
+        "overlap_slowdown_source": OVERLAP_SLOWDOWN_SOURCE,
         "attn_head_dim_half_source": ATTN_HEAD_DIM_SOURCE,
     }}, indent=1) + "\n")
     print(json.dumps(params.fitted(), indent=1))

@@ -32,9 +32,9 @@ def main() -> int:
     seen = {}
     real = timing.exposed_comm
 
-    def recorded(job, accel, meta, n, t_fwd, t_bwd):
+    def recorded(job, accel, meta, n, t_fwd, t_bwd, *rest):
         seen["all"] = real(job, accel, meta, n, 0.0, 0.0)[0]
-        return real(job, accel, meta, n, t_fwd, t_bwd)
+        return real(job, accel, meta, n, t_fwd, t_bwd, *rest)
 
     timing.exposed_comm = recorded
     rows = [r for r in cal.all_rows() if r["source"] in SOURCES and r.get("split", "fit") == "fit"]

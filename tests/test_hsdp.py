@@ -86,6 +86,23 @@ def test_nothing_hidden_is_every_collective():
     assert any("hybrid sharding" in n for n in notes)
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp", "hsdp"])
+def test_a_hidden_collective_slows_the_compute_beside_it(strategy):
+    """With a slowdown s, the step pays s x each second of collectives hidden under compute
+    (those exposed with nothing to hide behind, less those exposed), and nothing for what is
+    already exposed (comm.py `exposed_comm`)."""
+    job = tiny_job(strategy=strategy, gpus=16, precision="bf16-amp")
+    a = get_accelerator("h100-sxm")
+    none = exposed_comm(job, a, META, 16, 0.0, 0.0)[0]
+    free, _, notes = exposed_comm(job, a, META, 16, 0.01, 0.03)
+    paid, _, said = exposed_comm(job, a, META, 16, 0.01, 0.03, slowdown=0.189)
+    assert free < none        # something is hidden in the windows
+    assert paid == pytest.approx(free + 0.189 * (none - free))
+    assert not any("slow it" in n for n in notes) and any("slow it by 19%" in n for n in said)
+    # nothing to hide behind: nothing hidden, nothing added
+    assert exposed_comm(job, a, META, 16, 0.0, 0.0, slowdown=0.189)[0] == none
+
+
 def test_hybrid_sends_less_between_nodes_than_full_sharding():
     for n in (16, 64):
         assert _comm("hsdp", n, 0.0, 0.0)[0] < _comm("fsdp", n, 0.0, 0.0)[0]

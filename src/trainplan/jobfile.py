@@ -187,7 +187,7 @@ def _dims_from(d: dict, where: str) -> TransformerDims:
                                  fix="give hidden_size, num_layers and num_heads")
     checks = {"norm": ("layernorm", "rmsnorm"), "activation": ("gelu", "swiglu"),
               "positional_encoding": ("learned", "rotary", "rope", "alibi"),
-              "kind": ("encoder", "decoder")}
+              "kind": ("encoder", "decoder"), "loss": ("torch", "fused")}
     for k, allowed in checks.items():
         if k in kw and str(kw[k]).lower() not in allowed:
             raise unknown(k, str(kw[k]), allowed, what=f"{where}: {k} {kw[k]!r} is not supported.",

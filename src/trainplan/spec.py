@@ -4,7 +4,7 @@ Precedence: CLI flags > YAML file > defaults. The YAML takes our flat keys (the 
 flags, with `_` for `-`) and also the seeds' own config shape:
 
     model: {hidden_size, num_layers, num_heads, intermediate_size, positional_encoding, norm,
-            activation, dropout, vocab_size}
+            activation, dropout, vocab_size, loss}
     training_data: {max_seq_len, micro_batch_size}
     run: {mixed_precision, gradient_accumulation_steps}
     optimizer: {name, lr, ...}

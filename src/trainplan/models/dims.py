@@ -22,6 +22,10 @@ class TransformerDims:
     tie_embeddings: bool = True
     dropout: float = 0.1
     bias: bool = True
+    # the loss kernels: "torch" (F.cross_entropy: log-softmax and NLL as separate passes over the
+    # logits, in fp32 under autocast; a causal LM shifts the logits) or "fused" (one kernel a
+    # pass, the labels shifted instead: models/fused_loss.py, llm-foundry's MPT default)
+    loss: str = "torch"
 
     @property
     def ffn(self) -> int:

@@ -5,7 +5,9 @@ LayerNorm or RMSNorm; GELU MLP (h -> ffn -> h) or SwiGLU (gate and up h -> ffn, 
 learned, rotary (RoPE) or ALiBi positions; tied input/output embeddings. Attention goes through
 `F.scaled_dot_product_attention`, so the tracer's target semantics choose the kernel; ALiBi passes
 its slopes as an additive bias (Press et al. 2022), which rules out FlashAttention and selects the
-memory-efficient kernel, as it does in PyTorch.
+memory-efficient kernel, as it does in PyTorch. The loss is `F.cross_entropy` over the shifted
+logits, or with `loss: fused` one fused kernel a pass over the logits with the labels shifted
+instead (models/fused_loss.py), as llm-foundry's MPT trains.
 
 Parameters per layer (no biases when `bias=False`): attention 4h^2 (+ GQA shrinks K, V);
 GELU MLP 2 h f; SwiGLU 3 h f; two norms 2h (LayerNorm 4h with bias).
@@ -18,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import fused_loss
 from .dims import TransformerDims
 
 
@@ -157,6 +160,11 @@ class ReferenceTransformer(nn.Module):
         logits = self.lm_head(self.norm(x))                           # (B, T, V)
         if labels is None:
             return logits
+        if self.d.loss == "fused":
+            if self.d.kind == "decoder":     # the labels move, not the logits (llm-foundry)
+                labels = torch.roll(labels, -1, dims=1)
+                labels[:, -1] = -100
+            return fused_loss.cross_entropy(logits, labels)
         if self.d.kind == "decoder":
             logits, labels = logits[:, :-1], labels[:, 1:]
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))

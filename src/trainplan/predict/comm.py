@@ -44,7 +44,8 @@ def collective_s(kind: str, payload_bytes: float, n: int, accel) -> float:
     return factor * payload_bytes / (bw * link_fraction(accel))
 
 
-def exposed_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float, list]:
+def exposed_comm(job, accel, meta, n, t_fwd, t_bwd, slowdown: float = 0.0
+                 ) -> tuple[float, float, list]:
     """(exposed communication s, extra host overhead s, notes) for one optimizer step on n devices.
 
     `t_fwd`, `t_bwd`: device time of one micro-batch's forward and backward, the windows a
@@ -63,6 +64,14 @@ def exposed_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float, list]
       DP         torch.nn.DataParallel: per micro-batch, broadcast the weights from GPU 0,
                  scatter inputs, gather outputs, reduce gradients to GPU 0; nothing overlaps.
     Expert parallelism adds its all-to-alls (`_all_to_all_s`) on top, exposed.
+
+    A hidden collective is not free: NCCL's kernels run on the SMs beside the compute kernels
+    and take thread blocks and HBM bandwidth from them (an H100 all-gather holds 24 of the 132
+    SMs, NVIDIA developer forum thread 337991). Lee et al. 2025 (arXiv:2507.03114) measure the
+    compute that overlaps a collective running `slowdown` = 18.9% slower on average (GPT and
+    Llama steps on 4 A100s and H100s; 40% at most), so the step pays slowdown x the seconds of
+    collectives hidden: those with nothing to hide behind (t_fwd = t_bwd = 0) less those
+    exposed. `slowdown` is measured, not fitted (efficiency.json `overlap_slowdown`).
     """
     strat, notes = job.strategy, []
     if n <= 1 or strat is SINGLE:
@@ -72,6 +81,12 @@ def exposed_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float, list]
         notes.append(f"expert parallelism over {job.expert_parallel} GPUs: 4 all-to-alls of the "
                      "routed tokens per MoE layer and micro-batch, not overlapped")
     exposed, host, more = _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd)
+    if slowdown > 0 and (t_fwd > 0 or t_bwd > 0):
+        hidden = _data_parallel_comm(job, accel, meta, n, 0.0, 0.0)[0] - exposed
+        if hidden > 0:
+            exposed += slowdown * hidden
+            more = more + [f"collectives hidden under compute slow it by {slowdown:.0%} while "
+                           "they run (NCCL's kernels share the SMs, arXiv:2507.03114)"]
     return exposed + a2a * max(1, int(job.grad_accum)), host, notes + more
 
 

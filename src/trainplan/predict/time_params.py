@@ -27,7 +27,8 @@ for a device without its own), `attn_generation` (fused attention's fraction by
 compute capability against Ampere's), `attn_head_dim_half` and `attn_seq_half`
 (FlashAttention-2's published curves), `cuda_launch_s` and `host_dispatch` (PyTorch's dispatch
 cost per path, scripts/host_dispatch.py; a checkpointed block's rerun op,
-scripts/host_paths.py).
+scripts/host_paths.py), `overlap_slowdown` (compute overlapping a collective runs this much slower:
+predict/comm.py, arXiv:2507.03114).
 
 A missing optional value takes the neutral default below (what the model computes without it:
 no convolution penalty, no per-kernel time); the calibration script builds a `TimeParams` from
@@ -93,6 +94,7 @@ class TimeParams:
     attn_head_dim_half: float = 0.0
     attn_seq_half: float = 0.0
     cuda_launch_s: float = 0.0
+    overlap_slowdown: float = 0.0           # 0: a hidden collective costs nothing (comm.py)
     fp32_emax: float | None = None          # None: cuda_emax
     matmul_ceiling: dict[str, float] = field(default_factory=dict)   # accelerator id -> fraction
     fp32_ceiling: dict[str, float] = field(default_factory=dict)     # accelerator id -> fraction
