@@ -151,6 +151,8 @@ HOST_DISPATCH_SOURCE = ("measured, not fitted: `PYTHONPATH=src python scripts/ho
 # query them"; docs/kernel_ceilings_research.md), so none is added: the fitted host_scale
 # carries the launch with the dispatch
 CUDA_LAUNCH_S = 0.0
+CUDA_LAUNCH_SOURCE = ("none added: no published launch cost with its host CPU named; the "
+                      "fitted host_scale carries it (docs/kernel_ceilings_research.md)")
 # Compute that overlaps a collective runs slower: NCCL's kernels hold SMs (24 of an H100's 132
 # beside an all-gather, NVIDIA developer forum thread 337991) and HBM bandwidth. Lee et al. 2025
 # (arXiv:2507.03114, "Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed
@@ -160,8 +162,6 @@ CUDA_LAUNCH_S = 0.0
 OVERLAP_SLOWDOWN = 0.189
 OVERLAP_SLOWDOWN_SOURCE = ("measured, not fitted: the mean slowdown of compute overlapping a "
                            "collective, 18.9% (Lee et al. 2025, arXiv:2507.03114, A100 and H100)")
-CUDA_LAUNCH_SOURCE = ("none added: no published launch cost with its host CPU named; the "
-                      "fitted host_scale carries it (docs/kernel_ceilings_research.md)")
 # FlashAttention-2's forward+backward throughput at head dimension 64 against 128, non-causal
 # (FA2 paper Fig. 4, A100: 162/187 at 2k, 176/203 at 16k; Fig. 7, H100: 274/320, 296/338):
 # 0.866 = [64 / (64 + h)] / [128 / (128 + h)] gives h = 24

@@ -67,11 +67,16 @@ def bert_large_traces():
 
 
 def tiny_job(**kw) -> Job:
-    """A small reference transformer (nanoGPT-sized) that traces in well under a second."""
+    """A small reference transformer (nanoGPT-sized) that traces in well under a second; any
+    TransformerDims field among `kw` (num_layers, kind, vocab_size, loss...) sets its dimensions,
+    the rest the job."""
+    from dataclasses import fields
+
     from trainplan.models.reference import TransformerDims
-    dims = TransformerDims(hidden_size=64, num_layers=kw.pop("num_layers", 2), num_heads=4,
-                           intermediate_size=128, vocab_size=256, kind=kw.pop("kind", "decoder"))
-    base = dict(model="transformer", transformer=dims, batch_size=2, seq_len=32)
+    dims = dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, vocab_size=256,
+                kind="decoder")
+    dims.update({f.name: kw.pop(f.name) for f in fields(TransformerDims) if f.name in kw})
+    base = dict(model="transformer", transformer=TransformerDims(**dims), batch_size=2, seq_len=32)
     base.update(kw)
     return validate(Job(**base))
 

@@ -4,11 +4,10 @@ import torch
 import torch.nn.functional as F
 
 from trainplan.cli.main import main
-from trainplan.models.dims import TransformerDims
 from trainplan.models.fused_loss import cross_entropy
-from trainplan.spec import Job, validate
+from trainplan.spec import Job
 
-from conftest import trace
+from conftest import tiny_job, trace
 
 VOCAB, BATCH, SEQ = 1024, 2, 32
 
@@ -31,10 +30,8 @@ def test_loss_and_gradient_are_pytorchs():
 
 
 def _job(loss: str) -> Job:
-    dims = TransformerDims(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
-                           vocab_size=VOCAB, kind="decoder", loss=loss)
-    return validate(Job(model="transformer", transformer=dims, batch_size=BATCH, seq_len=SEQ,
-                        precision="bf16-amp"))
+    return tiny_job(vocab_size=VOCAB, loss=loss, batch_size=BATCH, seq_len=SEQ,
+                    precision="bf16-amp")
 
 
 def _over_logits(tr) -> dict:
