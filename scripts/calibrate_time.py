@@ -305,6 +305,9 @@ def llm_rows() -> list[dict]:
                         accum=int(r["GradAccum"]),
                         ckpt="full" if r["Activation Checkpointing"] == "True" else "none",
                         strategy="fsdp", attention="flash", channels_last=False, task=None,
+                        # Composer never enters no_sync under FSDP: each micro-batch's
+                        # gradients are reduce-scattered (Strategy.reduces_each_micro_batch)
+                        sync_each_batch=True,
                         dims=tuple(sorted(dims.items())), measured=float(r["Throughput (T/s/GPU)"]),
                         unit="tokens/s/GPU", split="fit",
                         label=f"MPT-{r['Model']} s{seq} {r['GPU']} x{n} mb{r['MicroBatchSize']}"
@@ -517,7 +520,8 @@ def make_job(r: dict, gpus: int = 1, strategy: str = "single", accum: int = 1):
     model = r["model"] if r["dims"] is None else "transformer"
     kw = dict(model=model, batch_size=r["batch"], precision=r["precision"],
               optimizer=r["optimizer"], grad_checkpointing=r["ckpt"], gpus=gpus,
-              strategy=strategy, grad_accum=accum, channels_last=r["channels_last"])
+              strategy=strategy, grad_accum=accum, channels_last=r["channels_last"],
+              sync_each_batch=r.get("sync_each_batch", False))
     if r["image"]:
         kw["image_size"] = r["image"]
     if r["seq"]:
@@ -594,7 +598,7 @@ _JOBS: dict = {}
 
 
 def _job_cache(r: dict):
-    key = trace_key(r) + f"|{r['n']}|{r['strategy']}|{r['accum']}"
+    key = trace_key(r) + f"|{r['n']}|{r['strategy']}|{r['accum']}|{r.get('sync_each_batch')}"
     if key not in _JOBS:
         _JOBS[key] = make_job(r, r["n"], r["strategy"], r["accum"])
     return _JOBS[key]

@@ -260,11 +260,16 @@ def test_strategies_order():
     ddp = step("v100", gpus=4, strategy="ddp")
     dp = step("v100", gpus=4, strategy="dp")
     assert dp.samples_per_s < ddp.samples_per_s
-    # FSDP gathers parameters every micro-batch; DDP all-reduces once a step (no_sync)
-    def comm(strategy, accum):
-        return step("t4", gpus=2, strategy=strategy, grad_accum=accum).breakdown_s["communication"]
-    assert comm("fsdp", 4) >= 3.9 * comm("fsdp", 1) > 0
+    # FSDP gathers parameters every micro-batch, and reduce-scatters the gradients on each
+    # that syncs: the last only under no_sync (accelerate's default), every one with
+    # sync_each_batch; DDP all-reduces once a step (no_sync) unless each micro-batch syncs
+    def comm(strategy, accum, **kw):
+        return step("t4", gpus=2, strategy=strategy, grad_accum=accum,
+                    **kw).breakdown_s["communication"]
+    assert comm("fsdp", 4, sync_each_batch=True) >= 3.9 * comm("fsdp", 1) > 0
+    assert comm("fsdp", 1) < comm("fsdp", 4) < comm("fsdp", 4, sync_each_batch=True)
     assert comm("ddp", 4) == pytest.approx(comm("ddp", 1))
+    assert comm("ddp", 4, sync_each_batch=True) > 2 * comm("ddp", 1)
 
 
 def test_tpu_units_are_eight_devices():

@@ -84,7 +84,8 @@ def _check_types(kw: dict, node, source: str) -> None:
         if k in _SCALAR_KEYS and isinstance(v, (list, tuple, dict, bool)) and not (
                 k == "quantize" and v is False):     # (run: mixed_precision is parsed already)
             raise _shape_error(where, k, "a name", v, f"{k}: <name>")
-        if k in ("channels_last", "expandable_segments") and not isinstance(v, bool):
+        if k in ("channels_last", "expandable_segments", "sync_each_batch") and \
+                not isinstance(v, bool):
             raise _shape_error(where, k, "true or false", v, f"{k}: true")
         if k in _LIST_KEYS and not (isinstance(v, str) or (
                 isinstance(v, tuple) and all(isinstance(x, str) for x in v))):

@@ -66,6 +66,10 @@ class Job:
     model_args: dict | None = None       # py: models: factory keyword arguments
     batch_size: int = 1
     grad_accum: int = 1
+    # with grad_accum > 1, reduce the gradients over the devices after every micro-batch instead of
+    # only after the last (accelerate's GradientAccumulationPlugin(sync_each_batch=True); what
+    # Composer and torchtune do): Strategy.reduces_each_micro_batch says where it applies
+    sync_each_batch: bool = False
     seq_len: int | None = None
     image_size: int | None = None
     images_per_sample: int | None = None   # vision-language models: images in each sample

@@ -61,6 +61,39 @@ class Strategy(Named):
         """The parts, of `n` devices, each device's weights are 1 of (1: not sharded)."""
         return self.shard_devices(n) if self.shards_weights and n > 1 else 1
 
+    def reduces_each_micro_batch(self, sync_each_batch: bool) -> bool:
+        """Whether, with gradient accumulation, each micro-batch's gradients are reduced over the
+        devices as its backward runs (True), or only the last micro-batch's, the others
+        accumulating locally (False). The one rule memory (predict/sharding.py) and communication
+        (predict/comm.py) both read.
+
+            dp              every backward (DataParallel reduces to GPU 0 each time)
+            zero2, zero3    every micro-batch: DeepSpeed reduces each backward's gradients into
+                            the partitions (stage_1_and_2.py reduce_ipg_grads, stage3.py);
+                            accelerate and the HF Trainer never enter no_sync under DeepSpeed
+            zero1           the last only: full gradients accumulate to the boundary
+            ddp, fsdp,      the training loop's choice, `sync_each_batch`: accelerate's
+            hsdp            accumulate() and the HF Trainer enter no_sync on every micro-batch
+                            but the last unless GradientAccumulationPlugin(sync_each_batch=True)
+                            (huggingface/accelerate@16cb6eb accelerator.py:1283-1297,
+                            utils/dataclasses.py:1024; transformers trainer.py
+                            _inner_training_loop, accelerator_config.gradient_accumulation_kwargs);
+                            Composer never wraps an FSDP model in no_sync (composer/trainer/ddp.py
+                            ddp_sync_context returns at once for a model that is not
+                            DistributedDataParallel), nor does torchtune's distributed recipe
+                            (recipes/full_finetune_distributed.py: loss.backward() on every
+                            micro-batch, FSDP2 reduce-scatters each time)
+
+        Under FSDP, no_sync keeps every unsharded gradient from the first micro-batch to the last
+        (torch FSDP no_sync docstring: "accumulate the full model gradients (instead of gradient
+        shards)"); syncing each micro-batch keeps only the shards and pays a reduce-scatter each.
+        """
+        if self.name == "dp" or self.order == 2 or (self.order == 3 and not self.fsdp):
+            return True
+        if self.order == 1:
+            return False
+        return bool(sync_each_batch)
+
     @property
     def replicated(self) -> bool:
         """Every device holds the whole model: single, dp, ddp."""

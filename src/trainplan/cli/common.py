@@ -75,6 +75,10 @@ def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) ->
     g.add_argument("--beta", type=float, help="grpo/ppo: KL coefficient; > 0 runs the reference "
                                               "model (default 0)")
     g.add_argument("--channels-last", action="store_true", default=None)
+    g.add_argument("--sync-each-batch", action="store_true", default=None,
+                   help="with --grad-accum > 1, reduce the gradients after every micro-batch "
+                        "(accelerate's GradientAccumulationPlugin(sync_each_batch=True); "
+                        "Composer and torchtune do): under FSDP only gradient shards are kept")
     g.add_argument("--expandable-segments", action="store_true", default=None,
                    help="the job runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
                         "(CUDA's allocator then grows one segment; less reserved memory)")
@@ -110,7 +114,8 @@ _MAP = {"gpu": "gpu", "gpus": "gpus", "strategy": "strategy", "offload": "offloa
         "grad_checkpointing": "grad_checkpointing", "checkpoint_impl": "checkpoint_impl",
         "attention": "attention",
         "quantize": "quantize", "frozen_half": "frozen_half", "channels_last": "channels_last",
-        "expandable_segments": "expandable_segments", "task": "task",
+        "expandable_segments": "expandable_segments", "sync_each_batch": "sync_each_batch",
+        "task": "task",
         "moe_capacity_factor": "moe_capacity_factor", "expert_parallel": "expert_parallel",
         "algorithm": "algorithm"}
 _ROLLOUT_FLAGS = {"generations": "generations", "prompt_len": "prompt_len",

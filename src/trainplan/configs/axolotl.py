@@ -123,6 +123,7 @@ def read(data: dict, path: str, deepspeed: str | None = None) -> Reading:
     hf.read_steps(c, "max_steps", "num_epochs", 1.0)
     hf.read_fsdp(c, "fsdp", "fsdp_config", set(sections.get("fsdp_config", ())),
                  config_enables=True)
+    hf.read_accelerator_config(c)
     if c.has("fsdp_version"):
         c.read("fsdp_version", c.take("fsdp_version"), "FSDP1 and FSDP2 are planned alike")
     _hybrid(c)

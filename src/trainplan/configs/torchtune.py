@@ -14,7 +14,8 @@
     optimizer._component_             -> torch.optim.AdamW / SGD, bitsandbytes' and torchao's
                                          8-bit and paged AdamW
     the recipe (from the config's `tune run` line, else its file name): *_single_device -> one
-        device; *_distributed -> FSDP2 (fully_shard) over --nproc_per_node devices,
+        device; *_distributed -> FSDP2 (fully_shard) over --nproc_per_node devices, the
+        gradients reduce-scattered on every micro-batch (no no_sync: sync_each_batch),
         fsdp_cpu_offload -> offload optimizer+params; *dpo* -> algorithm dpo
 """
 from __future__ import annotations
@@ -242,7 +243,9 @@ def _recipe(c: Collector, recipe: str, nproc: int | None) -> None:
         c.assume(f"recipe {recipe}: its extra models (reward, value, teacher) are not planned; "
                  "planned as fine-tuning")
     if recipe.endswith("distributed") or (nproc or 1) > 1:
-        kw = {"strategy": "fsdp"}
+        # the recipe calls backward on every micro-batch outside any no_sync: FSDP2 reduce-
+        # scatters each one's gradients (recipes/full_finetune_distributed.py train())
+        kw = {"strategy": "fsdp", "sync_each_batch": True}
         if nproc:
             kw["gpus"] = nproc
         c.set(**kw)

@@ -11,6 +11,7 @@ is autocast; the weights stay in whatever dtype the model was loaded in):
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +202,36 @@ def read_fsdp(c: Collector, key: str | None, config_key: str, known: set[str] | 
     if "version" in cfg:
         k = cfg["version"]
         sec.read(k, sec.take(k), f"FSDP{sec.data[k]} (FSDP1 and FSDP2 are planned alike)")
+
+
+def read_accelerator_config(c: Collector, key: str = "accelerator_config") -> None:
+    """`accelerator_config` (TrainingArguments: a mapping, a JSON string or a JSON file), of which
+    only `gradient_accumulation_kwargs.sync_each_batch` changes memory or time: the Trainer
+    reduces the gradients after every micro-batch instead of entering no_sync before the last
+    (transformers trainer.py _inner_training_loop; Strategy.reduces_each_micro_batch). Its other
+    keys (split_batches, dispatch_batches, even_batches, ...) split data, not the step: a
+    config without sync_each_batch true lists it with the keys of no effect as set."""
+    ref = c.data.get(key)
+    if ref is None:
+        return
+    data = ref
+    if isinstance(ref, str):
+        text = ref.strip()
+        try:
+            data = json.loads(text) if text.startswith("{") else load_file(
+                find_beside(text, c.reading.path, "accelerator config", key), "accelerator config")
+        except json.JSONDecodeError as e:
+            raise c.error(key, f"is not JSON: {e.msg} at character {e.pos}.") from None
+    if not isinstance(data, dict):
+        raise c.error(key, f"must be a mapping, a JSON string or a JSON file, got {show(ref)}.")
+    kwargs = data.get("gradient_accumulation_kwargs") or {}
+    sync = kwargs.get("sync_each_batch") if isinstance(kwargs, dict) else None
+    if sync is not None and not isinstance(sync, bool):
+        raise c.error(key, f"gradient_accumulation_kwargs.sync_each_batch must be true or "
+                           f"false, got {show(sync)}.")
+    if sync:
+        c.read(key, ref, "gradients reduced after every micro-batch (sync_each_batch)",
+               sync_each_batch=True)
 
 
 def read_deepspeed(c: Collector, key: str, beside: ds_mod.Trainer, flag_path: str | None,

@@ -102,6 +102,7 @@ def read(data: dict, path: str, deepspeed: str | None = None) -> Reading:
     beside = ds_mod.Trainer("the TRL config", micro_batch=mbs, grad_accum=gas,
                             bf16=prec.startswith("bf16"), fp16=prec.startswith("fp16"))
     hf.read_fsdp(c, "fsdp", "fsdp_config")
+    hf.read_accelerator_config(c)
     hf.read_deepspeed(c, "deepspeed", beside, deepspeed)
     c.unmodelled_table({k: v for k, v in {**hf.UNMODELLED, **UNMODELLED}.items() if v[1]})
     return c.finish()

@@ -98,6 +98,10 @@ def render(ln: Launch) -> dict[str, str]:
     ga = (f"# gradient accumulation: {ln.grad_accum} -- pass "
           f"Accelerator(gradient_accumulation_steps={ln.grad_accum}) (the DeepSpeed plugin "
           "carries it itself)\n")
+    if ln.syncs_each_micro_batch:     # not a key of accelerate's config file: the script's
+        ga = (f"# gradient accumulation: {ln.grad_accum}, the gradients reduced after every "
+              "micro-batch as planned -- pass Accelerator(gradient_accumulation_plugin="
+              f"GradientAccumulationPlugin(num_steps={ln.grad_accum}, sync_each_batch=True))\n")
     text = (ln.header() + note + ga + "# launch: accelerate launch --config_file "
             "accelerate_config.yaml " + shlex.join(ln.script_command())
             + ("  (on each node, with --machine_rank N and main_process_ip set to node 0)"

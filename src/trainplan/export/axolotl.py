@@ -35,6 +35,7 @@ def render(e: Export) -> dict[str, str]:
     c["sequence_len"] = job.seq_len
     c["micro_batch_size"] = job.batch_size
     c["gradient_accumulation_steps"] = job.grad_accum
+    e.trainer_sync(c, notes)
     c.pop("batch_size", None)
     if not e.same("axolotl", "precision"):
         _precision(c, job, notes)

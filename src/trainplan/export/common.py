@@ -101,6 +101,8 @@ class Launch:
     keep_checkpoints: int | None          # N such that N + 1 fit the disk and file limits
     changes: tuple[str, ...]
     expandable_segments: bool = False     # the plan's memory assumes CUDA's expandable segments
+    # the plan reduces the gradients after every micro-batch (accelerate's sync_each_batch)
+    sync_each_batch: bool = False
     script: str = "train.py"
     script_args: tuple[str, ...] = ()
     schema_version: str = ""
@@ -119,7 +121,9 @@ class Launch:
             f"{self.global_batch_size}; {self.precision.label}; {self.strategy.label}"
             + (f"; CPU offload: {self.offload}" if self.offload != "none" else "")
             + (f"; activation checkpointing: {self.grad_checkpointing}"
-               if self.grad_checkpointing not in ("none", "off", "") else "") + ".",
+               if self.grad_checkpointing not in ("none", "off", "") else "")
+            + ("; gradients reduced after every micro-batch (sync_each_batch)"
+               if self.syncs_each_micro_batch else "") + ".",
             f"Plan: {self.steps} steps at {self.step_time_s:.4g} s/step predicted; "
             f"{self.sessions} session(s)"
             + (f" of at most {self.session_max_s:.0f} s" if self.session_max_s else "")
@@ -131,6 +135,14 @@ class Launch:
         for line in lines:
             out += [f"{prefix} {w}" for w in _wrap(one_line(line), 96)]
         return "\n".join(out) + "\n"
+
+    @property
+    def syncs_each_micro_batch(self) -> bool:
+        """The plan asks the training loop to sync each micro-batch where the loop chooses
+        (DDP, FSDP: not its default under accelerate or the HF Trainer)."""
+        s = self.strategy
+        return (self.sync_each_batch and self.grad_accum > 1
+                and s.reduces_each_micro_batch(True) and not s.reduces_each_micro_batch(False))
 
     def env(self) -> dict[str, str]:
         """The environment the plan assumes, as the training script and the guard read it."""
@@ -241,5 +253,6 @@ def launch_from_plan(plan, pp, job, job_file: str | None = None, script: str = "
         output_file_limit=st.output_file_limit if st else None, keep_checkpoints=keep,
         changes=tuple(pp.changes), script=script, script_args=tuple(script_args),
         expandable_segments=rules_for(accel.backend, job.expandable_segments).expandable,
+        sync_each_batch=bool(kept.get("sync_each_batch", job.sync_each_batch)),
         schema_version=plan.schema_version, plan_json=plain(pp))
 

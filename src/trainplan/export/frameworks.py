@@ -91,6 +91,30 @@ class Export:
             return str(self.source.data[key])
         return opt.hf_optim
 
+    def trainer_sync(self, c: dict, notes: list[str]) -> None:
+        """The HF Trainer's `accelerator_config` where the plan reduces the gradients after every
+        micro-batch (sync_each_batch: not the Trainer's default; configs.trainer
+        read_accelerator_config reads it back). An inline mapping or JSON string in the source
+        keeps its other keys; a file it names is replaced by the mapping, said in a note."""
+        if not self.ln.syncs_each_micro_batch:
+            return
+        old = c.get("accelerator_config")
+        acc: dict = {}
+        if isinstance(old, dict):
+            acc = copy.deepcopy(old)
+        elif isinstance(old, str) and old.strip().startswith("{"):
+            try:
+                acc = json.loads(old)
+            except json.JSONDecodeError:
+                acc = {}
+        elif old is not None:
+            notes.append(f"accelerator_config {old} replaced by the mapping below: copy its "
+                         "other keys into it")
+        kw = acc.get("gradient_accumulation_kwargs")
+        acc["gradient_accumulation_kwargs"] = {**(kw if isinstance(kw, dict) else {}),
+                                               "sync_each_batch": True}
+        c["accelerator_config"] = acc
+
     def notes(self) -> list[str]:
         """What the framework's file cannot say exactly, for the header."""
         out = []

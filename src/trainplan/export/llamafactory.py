@@ -43,6 +43,7 @@ def render(e: Export) -> dict[str, str]:
         c["max_new_tokens"] = job.rollout.completion_len
     c["per_device_train_batch_size"] = job.batch_size
     c["gradient_accumulation_steps"] = job.grad_accum
+    e.trainer_sync(c, notes)
     _method(c, job)
     _precision(c, job, notes)
     c.pop("disable_gradient_checkpointing", None)

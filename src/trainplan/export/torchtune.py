@@ -57,6 +57,9 @@ def render(e: Export) -> dict[str, str]:
     c["tokenizer"]["max_seq_len"] = job.seq_len
     c["batch_size"] = job.batch_size
     c["gradient_accumulation_steps"] = job.grad_accum
+    if job.grad_accum > 1 and job.strategy.fsdp and not job.sync_each_batch:
+        notes.append("torchtune reduce-scatters the gradients on every micro-batch (planned: "
+                     "on the last only, full gradients held): less memory, more communication")
     if e.steps:
         c["epochs"], c["max_steps_per_epoch"] = 1, e.steps
     else:

@@ -46,6 +46,7 @@ def render(e: Export) -> dict[str, str]:
         c["tf32"] = True
     c["per_device_train_batch_size"] = job.batch_size
     c["gradient_accumulation_steps"] = job.grad_accum
+    e.trainer_sync(c, notes)
     c["gradient_checkpointing"] = job.grad_checkpointing != "none"
     if job.grad_checkpointing != "none":
         c["gradient_checkpointing_kwargs"] = {"use_reentrant": job.reentrant_checkpointing}

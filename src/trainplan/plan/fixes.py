@@ -9,7 +9,8 @@ optimizer (ZeRO-Offload) last, only where nothing simpler fits -- and within a c
 Each row says what the user changes, what the library then does and the source line it rests on.
 
     flag       attention (SDPA), mixed precision, 16-bit frozen weights (no peft fp32 upcast),
-               selective then full checkpointing, GRPO generation gathered layer by layer
+               FSDP gradients reduced on every micro-batch (sync_each_batch), selective then
+               full checkpointing, GRPO generation gathered layer by layer
     optimizer  8-bit AdamW, then paged 8-bit AdamW (bitsandbytes)
     training   GRPO without a reference (beta 0), LoRA, a smaller LoRA (half the rank, or
                attention only), a frozen input embedding, QLoRA (4-bit NF4 base)
@@ -98,6 +99,8 @@ def describe(setting: dict) -> str:
     """A rung's setting as a reader sees it: 'lora: rank 8, alpha 16, q,k,v,o; frozen_half:
     all'."""
     def text(v) -> str:
+        if isinstance(v, bool):         # as the job file writes it
+            return "true" if v else "false"
         if isinstance(v, Lora):
             return f"rank {v.rank}, alpha {v.alpha:g}, {v.targets}"
         if isinstance(v, (tuple, list)):
@@ -158,6 +161,18 @@ def frozen_half(job, accel, devices, trace=None):
         return None
     return _step("frozen-half", "frozen embeddings, norms and head in 16 bits (no fp32 upcast)",
                  job, frozen_half="all")
+
+
+def sync_each_batch(job, accel, devices, trace=None):
+    """FSDP with gradient accumulation under accelerate or the HF Trainer holds every unsharded
+    gradient from the first micro-batch to the last (no_sync); syncing each micro-batch keeps
+    shards only, for a reduce-scatter per micro-batch (Strategy.reduces_each_micro_batch). Tried
+    only where the plan accumulates (planner.Planner.ladder)."""
+    s = job.strategy
+    if devices < 2 or job.sync_each_batch or not s.fsdp or s.reduces_each_micro_batch(False):
+        return None
+    return _step("sync-each-batch", "gradients reduce-scattered after every micro-batch", job,
+                 sync_each_batch=True)
 
 
 def optimizer_8bit(job, accel, devices, trace=None):
@@ -320,7 +335,7 @@ def table() -> dict:
 
 RUNGS: dict[str, Rung] = {
     "attention": attention, "precision": precision, "frozen-half": frozen_half,
-    "checkpointing-selective": checkpointing_selective,
+    "sync-each-batch": sync_each_batch, "checkpointing-selective": checkpointing_selective,
     "checkpointing-full": checkpointing_full, "gather-per-token": gather_per_token,
     "optimizer-8bit": optimizer_8bit, "optimizer-paged": optimizer_paged,
     "beta-0": reference_off, "lora": lora, "lora-smaller": lora_smaller,

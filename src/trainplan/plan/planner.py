@@ -298,6 +298,8 @@ class Planner:
                 continue
             if same_training and r.changes_training:
                 continue
+            if r.rung == "sync-each-batch" and cfg.grad_accum <= 1:
+                continue        # nothing accumulates here: no_sync holds no gradient
             broken = compat.violation(r.job, platform.accelerator)
             if broken is not None:          # the target cannot run this rung (compat.py)
                 skipped.append(f"{r.rung}: {broken.message}")

@@ -50,14 +50,18 @@ def exposed_comm(job, accel, meta, n, t_fwd, t_bwd, slowdown: float = 0.0
 
     `t_fwd`, `t_bwd`: device time of one micro-batch's forward and backward, the windows a
     strategy can hide its collectives in.
-      DDP        all-reduce of the gradients once per step (no_sync on the other micro-batches),
-                 bucketed and overlapped with the last backward; the last bucket is exposed.
+      DDP        all-reduce of the gradients, bucketed and overlapped with backward; the last
+                 bucket is exposed. Once a step (no_sync on the other micro-batches), or after
+                 every micro-batch where they sync each (`Strategy.reduces_each_micro_batch`).
       ZeRO-1/2   reduce-scatter of the gradients overlapped with backward (ZeRO-2: every
                  micro-batch, to keep only its shard; ZeRO-1: once), then an all-gather of the
                  updated parameters after the optimizer step, exposed.
       FSDP/ZeRO-3 per micro-batch: all-gather the parameters for forward and again for
-                 backward, reduce-scatter the gradients; prefetched one unit ahead, so only what
-                 exceeds the compute window (plus the first unit's gather) is exposed.
+                 backward; prefetched one unit ahead, so only what exceeds the compute window
+                 (plus the first unit's gather) is exposed. The gradients are reduce-scattered
+                 in the backward of every micro-batch that syncs: each one (ZeRO-3, Composer,
+                 torchtune, sync_each_batch) or the last only (no_sync: accelerate's and the HF
+                 Trainer's default), the reduce-scatter and the last unit's then exposed once.
       hybrid FSDP the same within each node (NVLink), and each reduce-scattered gradient shard
                  all-reduced between the nodes' replicas, in the backward window
                  (`replica_all_reduce_s`).
@@ -121,6 +125,7 @@ def _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float
     overhead of their own (the second value, 0)."""
     strat, notes = job.strategy, []
     k = max(1, int(job.grad_accum))
+    syncs = k if strat.reduces_each_micro_batch(job.sync_each_batch) else 1
     grads = meta["gradient_bytes"]
     b = job.precision.compute_bytes
     p_compute = meta["params_total"] * b
@@ -133,11 +138,11 @@ def _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float
     if strat is DDP or accel.kind == "tpu" and not strat.shards_weights:
         total = collective_s("all_reduce", grads, n, accel)
         last = collective_s("all_reduce", min(grads, DDP_BUCKET_BYTES), n, accel)
-        return last + max(0.0, total - last - t_bwd), 0.0, notes
+        return (last + max(0.0, total - last - t_bwd)) * syncs, 0.0, notes
     if strat.shards_optimizer and not strat.shards_weights:
         total = collective_s("reduce_scatter", grads, n, accel)
         last = collective_s("reduce_scatter", min(grads, DDP_BUCKET_BYTES), n, accel)
-        rs = (last + max(0.0, total - last - t_bwd)) * (k if strat.shards_gradients else 1)
+        rs = (last + max(0.0, total - last - t_bwd)) * syncs
         ag = collective_s("all_gather", p_compute, n, accel)
         notes.append(f"ZeRO-{strat.order}: gradients reduce-scattered during backward, updated "
                      "parameters all-gathered after the optimizer step")
@@ -154,8 +159,13 @@ def _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float
     last_unit = min(g_compute, unit or g_compute)
     last = collective_s("reduce_scatter", last_unit, g, accel) \
         + replica_all_reduce_s(last_unit, n, g, accel)
-    per_mb = first + last + max(0.0, ag - t_fwd) + max(0.0, ag + rs + ar - t_bwd)
+    synced = first + last + max(0.0, ag - t_fwd) + max(0.0, ag + rs + ar - t_bwd)
+    unsynced = first + max(0.0, ag - t_fwd) + max(0.0, ag - t_bwd)     # under no_sync
     if g < n:
         notes.append(f"hybrid sharding: FSDP within each node of {g} GPUs, gradient shards "
                      f"all-reduced between the {n / g:g} nodes' replicas")
-    return per_mb * k, 0.0, notes
+    if k > 1 and syncs == 1:
+        notes.append(f"gradients reduce-scattered on the last of {k} micro-batches only "
+                     "(no_sync before it: accelerate's and the HF Trainer's default; "
+                     "sync_each_batch: true reduce-scatters each and holds only shards)")
+    return synced * syncs + unsynced * (k - syncs), 0.0, notes

@@ -18,8 +18,11 @@ PyTorch FSDP, FULL_SHARD with the blocks wrapped (FSDP1 and FSDP2 alike):
                                                record_stream that the allocator cannot reuse yet
     backward                                 + the current unit's unsharded gradient, and the
                                                previous one's under reduce-scatter
-    with gradient accumulation               + every unsharded gradient (no_sync: accelerate and
-                                               the HF Trainer accumulate full gradients)
+    with gradient accumulation               + every unsharded gradient, where the micro-batches
+                                               before the last run under no_sync (accelerate's
+                                               and the HF Trainer's default; not with
+                                               sync_each_batch, Composer or torchtune:
+                                               Strategy.reduces_each_micro_batch)
     saving a checkpoint (FULL_STATE_DICT,     weights and optimizer states / N, no gradients,
     accelerate's FSDP1 default)              + the largest unit gathered in the stored dtype and
                                                its local shard copied: unit x (1 + 1/N)
@@ -128,7 +131,7 @@ def _fsdp(c: dict[str, float], job, trace, phase: str, n: int) -> None:
     c[STREAM_HELD] = value("fsdp_pending_free_units") * unit
     if phase == "backward":
         c["gradients"] += (1 + value("fsdp_reduce_scatter_units_in_flight")) * unit * trainable
-    if job.grad_accum > 1 and value("fsdp_no_sync_with_accumulation"):
+    if job.grad_accum > 1 and not job.strategy.reduces_each_micro_batch(job.sync_each_batch):
         c["gradients"] += trace.trainable_param_bytes * half
 
 
