@@ -168,6 +168,7 @@ def _deep_fsdp_job(**kw):
 
 
 def test_the_fix_ladder_syncs_each_micro_batch_before_checkpointing(tmp_path):
+    from dataclasses import replace
     job = _deep_fsdp_job()
     plan = make_plan(job, select_platforms(["kaggle-t4x2"]))
     pp = plan.platforms[0]
@@ -183,6 +184,8 @@ def test_the_fix_ladder_syncs_each_micro_batch_before_checkpointing(tmp_path):
     text = render(ln, "accelerate")["accelerate_config.yaml"]
     assert "GradientAccumulationPlugin(num_steps=" in text and "sync_each_batch=True" in text
     assert "every micro-batch (sync_each_batch)" in ln.header()
+    assert ln.env()["TRAINPLAN_SYNC_EACH_BATCH"] == "1"
+    assert "TRAINPLAN_SYNC_EACH_BATCH" not in replace(ln, sync_each_batch=False).env()
     # a job that already syncs each micro-batch is not offered it
     done = make_plan(_deep_fsdp_job(sync_each_batch=True), select_platforms(["kaggle-t4x2"]))
     assert "sync-each-batch" not in [f.rung for f in done.platforms[0].fixes]

@@ -163,6 +163,8 @@ class Launch:
             e["TRAINPLAN_IDLE_TIMEOUT_S"] = f"{self.idle_timeout_s:.0f}"
         if self.keep_checkpoints:
             e["TRAINPLAN_KEEP_CHECKPOINTS"] = str(self.keep_checkpoints)
+        if self.syncs_each_micro_batch:  # a training loop of the user's own reads it
+            e["TRAINPLAN_SYNC_EACH_BATCH"] = "1"
         if self.expandable_segments:     # what the plan's memory was replayed with
             e["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         return e
