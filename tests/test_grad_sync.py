@@ -228,3 +228,15 @@ def test_the_step_says_which_it_assumed():
     synced = exposed_comm(job.with_(sync_each_batch=True), H100, META, 8, 0.1, 0.1)[2]
     assert not any("micro-batches" in n for n in synced)
     assert parse("fsdp").reduces_each_micro_batch(True)
+
+
+def test_a_step_too_big_under_no_sync_is_told_to_sync_each_micro_batch():
+    """What no longer fits because FSDP holds every full gradient says its first fix."""
+    from trainplan.estimate import estimate
+    t4 = get_accelerator("t4")
+    job = _deep_fsdp_job().with_(batch_size=2, grad_accum=8)
+    held = [f for f in estimate(job, t4).findings if f.kind == "memory"]
+    assert held and held[0].fix.startswith("sync_each_batch: true")
+    synced = [f for f in estimate(job.with_(sync_each_batch=True), t4).findings
+              if f.kind == "memory"]
+    assert synced and "sync_each_batch" not in synced[0].fix

@@ -28,6 +28,7 @@ from . import algorithms, compat
 from .calibration import BUNDLED_ONLY, Calibration
 from .findings import Finding
 from .memory import FITS, NO_FIT, TIGHT, MemoryEstimate, estimate_memory, fragmentation_between
+from .sharding import holds_full_gradients
 from .target import devices, semantics_for
 from .timing import StepTime, estimate_step_time
 
@@ -79,11 +80,16 @@ class Evaluation:
         return any(f.blocks for f in self.findings)
 
 
-def memory_finding(mem: MemoryEstimate, accel: Accelerator) -> Finding:
+def memory_finding(mem: MemoryEstimate, accel: Accelerator, job=None) -> Finding:
+    """The device is too small; under FSDP with accumulation and no_sync the first thing to
+    try is syncing each micro-batch (it holds every full gradient: sharding.py)."""
+    first = ("sync_each_batch: true (FSDP then holds gradient shards, not every full gradient "
+             "across the micro-batches), " if job is not None and holds_full_gradients(job)
+             else "")
     return Finding("error", f"needs {fmt_gib(mem.required_bytes)} per device, {accel.id} has "
                             f"{fmt_gib(mem.capacity_bytes)}",
-                   "a smaller micro-batch with accumulation, or `trainplan plan` for the fix "
-                   "ladder (checkpointing, LoRA, ZeRO, offload)", kind="memory")
+                   first + "a smaller micro-batch with accumulation, or `trainplan plan` for the "
+                   "fix ladder (checkpointing, LoRA, ZeRO, offload)", kind="memory")
 
 
 def tight_finding(mem: MemoryEstimate, accel: Accelerator) -> Finding:
@@ -176,7 +182,7 @@ def evaluate(job, accel: Accelerator, calibration: Calibration = BUNDLED_ONLY,
                                            "has no mixture-of-experts layers to route",
                                 "drop --moe-capacity-factor", kind="strategy"))
     if not mem.fits:
-        findings.append(memory_finding(mem, accel))
+        findings.append(memory_finding(mem, accel, job))
     elif mem.tight:
         findings.append(tight_finding(mem, accel))
     return Evaluation(job, accel, devices(job, accel), tr, interpolated, mem, time,

@@ -131,8 +131,15 @@ def _fsdp(c: dict[str, float], job, trace, phase: str, n: int) -> None:
     c[STREAM_HELD] = value("fsdp_pending_free_units") * unit
     if phase == "backward":
         c["gradients"] += (1 + value("fsdp_reduce_scatter_units_in_flight")) * unit * trainable
-    if job.grad_accum > 1 and not job.strategy.reduces_each_micro_batch(job.sync_each_batch):
+    if holds_full_gradients(job):
         c["gradients"] += trace.trainable_param_bytes * half
+
+
+def holds_full_gradients(job) -> bool:
+    """FSDP with accumulation under no_sync: every unsharded gradient is held from the first
+    micro-batch to the last (module docstring; Strategy.reduces_each_micro_batch)."""
+    return (job.strategy.fsdp and job.grad_accum > 1
+            and not job.strategy.reduces_each_micro_batch(job.sync_each_batch))
 
 
 # bytes the caching allocator holds reserved but not allocated at a phase's peak (blocks freed
