@@ -36,6 +36,7 @@ def test_who_reduces_each_micro_batch():
     assert rule == {"single": (False, True), "dp": (True, True), "ddp": (False, True),
                     "fsdp": (False, True), "hsdp": (False, True), "zero1": (False, False),
                     "zero2": (True, True), "zero3": (True, True)}
+    assert {s.name for s in ALL if s.loop_decides_sync} == {"single", "ddp", "fsdp", "hsdp"}
 
 
 def _gradients(**kw) -> tuple[float, int]:

@@ -95,6 +95,12 @@ class Strategy(Named):
         return bool(sync_each_batch)
 
     @property
+    def loop_decides_sync(self) -> bool:
+        """Whether the training loop's `sync_each_batch` changes when the gradients are reduced
+        (DDP, FSDP, HSDP), rather than the strategy deciding alone (`reduces_each_micro_batch`)."""
+        return self.reduces_each_micro_batch(True) != self.reduces_each_micro_batch(False)
+
+    @property
     def replicated(self) -> bool:
         """Every device holds the whole model: single, dp, ddp."""
         return not self.shards_optimizer

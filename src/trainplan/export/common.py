@@ -140,9 +140,7 @@ class Launch:
     def syncs_each_micro_batch(self) -> bool:
         """The plan asks the training loop to sync each micro-batch where the loop chooses
         (DDP, FSDP: not its default under accelerate or the HF Trainer)."""
-        s = self.strategy
-        return (self.sync_each_batch and self.grad_accum > 1
-                and s.reduces_each_micro_batch(True) and not s.reduces_each_micro_batch(False))
+        return self.sync_each_batch and self.grad_accum > 1 and self.strategy.loop_decides_sync
 
     def env(self) -> dict[str, str]:
         """The environment the plan assumes, as the training script and the guard read it."""

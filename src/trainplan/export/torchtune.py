@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..configs.torchtune import ATTN, MODELS, family
 from ..errors import TrainplanError
+from ..predict.sharding import holds_full_gradients
 from ..spec import every_k
 from .frameworks import Export, dump_yaml, header
 
@@ -57,7 +58,7 @@ def render(e: Export) -> dict[str, str]:
     c["tokenizer"]["max_seq_len"] = job.seq_len
     c["batch_size"] = job.batch_size
     c["gradient_accumulation_steps"] = job.grad_accum
-    if job.grad_accum > 1 and job.strategy.fsdp and not job.sync_each_batch:
+    if holds_full_gradients(job):
         notes.append("torchtune reduce-scatters the gradients on every micro-batch (planned: "
                      "on the last only, full gradients held): less memory, more communication")
     if e.steps:

@@ -168,8 +168,7 @@ def sync_each_batch(job, accel, devices, trace=None):
     gradient from the first micro-batch to the last (no_sync); syncing each micro-batch keeps
     shards only, for a reduce-scatter per micro-batch (Strategy.reduces_each_micro_batch). Tried
     only where the plan accumulates (planner.Planner.ladder)."""
-    s = job.strategy
-    if devices < 2 or job.sync_each_batch or not s.fsdp or s.reduces_each_micro_batch(False):
+    if devices < 2 or job.sync_each_batch or not job.strategy.fsdp:
         return None
     return _step("sync-each-batch", "gradients reduce-scattered after every micro-batch", job,
                  sync_each_batch=True)

@@ -80,12 +80,11 @@ class Evaluation:
         return any(f.blocks for f in self.findings)
 
 
-def memory_finding(mem: MemoryEstimate, accel: Accelerator, job=None) -> Finding:
+def memory_finding(mem: MemoryEstimate, accel: Accelerator, job) -> Finding:
     """The device is too small; under FSDP with accumulation and no_sync the first thing to
     try is syncing each micro-batch (it holds every full gradient: sharding.py)."""
     first = ("sync_each_batch: true (FSDP then holds gradient shards, not every full gradient "
-             "across the micro-batches), " if job is not None and holds_full_gradients(job)
-             else "")
+             "across the micro-batches), " if holds_full_gradients(job) else "")
     return Finding("error", f"needs {fmt_gib(mem.required_bytes)} per device, {accel.id} has "
                             f"{fmt_gib(mem.capacity_bytes)}",
                    first + "a smaller micro-batch with accumulation, or `trainplan plan` for the "
