@@ -24,6 +24,7 @@ validation/.cache/traces-v2.json.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime
 import json
 import multiprocessing as mp
@@ -534,6 +535,12 @@ def make_job(r: dict, gpus: int = 1, strategy: str = "single", accum: int = 1):
     return validate(Job(**kw))
 
 
+# Every published run predates PyTorch 2.9's fused RMSNorm kernel (trace/semantics.py
+# fused_rms_norm; the newest, PEFT's L40S rows, ran 2.7.1, validation/PROVENANCE.md): traced
+# with the composite `F.rms_norm` they ran. Our `measure` runs (torch 2.11) ran the fused one.
+PUBLISHED_KERNELS = {"fused_rms_norm": False}
+
+
 def _trace_one(r: dict):
     import torch
     from trainplan.predict.optable import summarize
@@ -545,11 +552,14 @@ def _trace_one(r: dict):
             from trainplan.accelerators import get_accelerator
             from trainplan.predict.target import semantics_for
             sem = semantics_for(job, get_accelerator(r["gpu"]))
+            if "argv" not in r:
+                sem = dataclasses.replace(sem, **PUBLISHED_KERNELS)
         else:
             dt = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}.get(r["precision"])
             sem = KernelSemantics(attention=r["attention"], autocast_dtype=dt,
                                   channels_last=r["channels_last"],
-                                  cudnn_grouped_direct=bool(r.get("cudnn_grouped_direct")))
+                                  cudnn_grouped_direct=bool(r.get("cudnn_grouped_direct")),
+                                  **PUBLISHED_KERNELS)
         tr = trace_step(job, sem)
         table = summarize(tr)
         return trace_key(r), table.to_dict()

@@ -32,11 +32,12 @@ def test_graphmer_example_plans_the_seeds_three_platforms(graphmer):
 
 
 def test_graphmer_fits_everywhere_only_with_smaller_micro_batches(graphmer):
-    # micro-batch 32 needs ~28 GiB on a T4 (traced), so no platform runs the seed config as is;
+    # micro-batch 32 needs ~23 GiB on a T4 (traced), so no platform runs the seed config as is;
     # on the T4s, micro-batch 16 per device fits only once the caching allocator gives its cached
     # blocks back (predict/memory.py, required_bytes) and NCCL's own buffers (about 0.5 GiB on
-    # two GPUs) leave room for 14 at most; near that it is tight, so the plan runs 8 x 2 with the
-    # band free, and reports 14 as the largest that fits
+    # two GPUs) leave room for 15 at most (fp16 cross-entropy and RMSNorm as CUDA runs them,
+    # trace/emulation.py); near that it is tight, so the plan runs 8 x 2 with the band free, and
+    # reports 15 as the largest that fits
     _job, _planner, _platforms, plan = graphmer
     by = {p.platform_id: p for p in plan.platforms}
     for p in plan.platforms:
@@ -45,7 +46,7 @@ def test_graphmer_fits_everywhere_only_with_smaller_micro_batches(graphmer):
         assert p.fit_band is not None and p.fit_probability >= 0.9
     t4 = by["kaggle-t4x2"]
     assert (t4.strategy, t4.devices, t4.micro_batch_size, t4.grad_accum) == ("ddp", 2, 8, 2)
-    assert t4.max_micro_batch_size == 14 and t4.required_bytes <= t4.capacity_bytes
+    assert t4.max_micro_batch_size == 15 and t4.required_bytes <= t4.capacity_bytes
     assert any("DDP" in c for c in t4.changes)
     local = by["local-rtx-3050"]
     assert (local.micro_batch_size, local.grad_accum) == (4, 8)

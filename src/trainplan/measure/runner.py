@@ -31,6 +31,7 @@ from ..errors import TrainplanError
 from ..predict.target import semantics_for
 from ..models import ModelBundle, build_model
 from ..models.lora import LoraEmbedding, LoraLinear, QuantizedWeight, QuantLinear
+from ..models.reference import INIT_STD
 from ..spec import Job
 from ..trace.checkpointing import apply_checkpointing
 from ..trace.optimizers import build_optimizer
@@ -55,6 +56,14 @@ class OnDevice(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _fused_rms_norm_release() -> bool:
+    """Whether this PyTorch runs CUDA's fused RMSNorm kernel (KernelSemantics.fused_rms_norm)."""
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_rms_norm", "CUDA")
+    except RuntimeError:        # no such op: a release before the kernel
+        return False
+
+
 def local_semantics(job: Job, dev: torch.device, accel_id: str | None) -> KernelSemantics:
     """The kernel semantics the tracer would use for this device (the catalog row's if known)."""
     if accel_id is not None:
@@ -66,7 +75,9 @@ def local_semantics(job: Job, dev: torch.device, accel_id: str | None) -> Kernel
     return KernelSemantics(attention=attention_backend_for(cc, job.attention)
                            if dev.type == "cuda" else "math",
                            autocast_dtype=autocast_dtype(job.precision),
-                           channels_last=bool(job.channels_last))
+                           channels_last=bool(job.channels_last),
+                           cuda_softmax=dev.type == "cuda",
+                           fused_rms_norm=dev.type == "cuda" and _fused_rms_norm_release())
 
 
 def on_device(job, steps: int, device, accelerator, progress):
@@ -123,16 +134,20 @@ def _init_adapters(model: torch.nn.Module) -> None:
 def _dequantize_for_real(model: torch.nn.Module) -> None:
     """QLoRA's emulated base weights return `torch.empty` (right for the tracer: bytes, no
     values). A real run would multiply by uninitialised memory, possibly NaN, and an fp16
-    GradScaler would then skip every optimizer step; zeros instead write the full-size weight
-    once per use, as bitsandbytes' dequantize kernel does. Frozen biases (created empty) are
-    zeroed for the same reason."""
+    GradScaler would then skip every optimizer step; instead each use writes a full-size weight
+    of small random values (std 0.02, models/reference.py INIT_STD), as bitsandbytes' dequantize
+    kernel writes one. Not zeros: a GPU held at its power limit runs a matmul of zeros faster
+    than one of real values (Horace He, "Strangely, Matrix Multiplications on GPUs Run Faster
+    When Given 'Predictable' Data", thonking.ai, 2024: 295 against 257 TFLOPS on an A100), so
+    the measured step would be a step no real model runs. Frozen biases (created empty) are
+    zeroed."""
     for m in model.modules():
         if isinstance(m, QuantLinear) and m.bias is not None:
             with torch.no_grad():
                 m.bias.zero_()
         if isinstance(m, QuantizedWeight):
-            m.dequantize = (lambda q=m: torch.zeros(q.shape, dtype=q.dtype,
-                                                    device=q.packed.device))
+            m.dequantize = (lambda q=m: torch.empty(q.shape, dtype=q.dtype,
+                                                    device=q.packed.device).normal_(0, INIT_STD))
 
 
 @contextlib.contextmanager

@@ -135,3 +135,21 @@ def loss_from_output(out, inputs) -> torch.Tensor:
         raise TrainplanError("The model's forward returned no loss.",
                              fix="return the loss, or describe the model with py: and a loss")
     return loss
+
+
+# the share of positions a masked-LM batch predicts: BERT's (Devlin et al. 2019, section 3.1),
+# transformers' DataCollatorForLanguageModeling `mlm_probability` default
+MLM_PROBABILITY = 0.15
+
+
+def masked_lm_batch(ids, mask_id: int) -> dict[str, Any]:
+    """A masked-LM batch from token ids `ids` (batch, seq): a random 15% of positions (the last of
+    each row always, so no batch is empty) take `mask_id` as input and their own token as label;
+    every other label is -100, which the loss ignores. An encoder given its own tokens as labels
+    learns nothing that takes work: where it ties its embeddings it predicts its input exactly, so
+    the loss and every gradient are 0 (GraphMER-SE's measured H200 step ran so,
+    validation/measured/h200/README.md), and its backward multiplies zeros."""
+    import torch
+    chosen = torch.rand(ids.shape, device=ids.device) < MLM_PROBABILITY
+    chosen[..., -1] = True
+    return {"input_ids": ids.masked_fill(chosen, mask_id), "labels": ids.masked_fill(~chosen, -100)}

@@ -14,7 +14,7 @@ import math
 import torch
 
 from ..errors import TrainplanError
-from . import ModelBundle, hf_import, hf_validate, loss_from_output
+from . import ModelBundle, hf_import, hf_validate, loss_from_output, masked_lm_batch
 from .hf_names import QWEN_VL_TYPES, default_seq_len, resolve_config
 from .meta import on_meta
 
@@ -359,11 +359,16 @@ def _inputs_for(auto_name: str, config, job, model=None, resize: dict | None = N
             return {"input_ids": torch.randint(0, vocab, (batch, seq)),
                     "labels": torch.randint(0, vocab, (batch, seq))}
         return "encoder-decoder", s2s, seq
-    kind = "encoder" if "maskedlm" in n else "decoder"
+    if "maskedlm" in n:
+        mask_id = getattr(config, "mask_token_id", None)
+        mask_id = mask_id if isinstance(mask_id, int) and 0 <= mask_id < vocab else vocab - 1
+        def mlm(batch):
+            return masked_lm_batch(torch.randint(0, vocab, (batch, seq)), mask_id)
+        return "encoder", mlm, seq
     def lm(batch):
         ids = torch.randint(0, vocab, (batch, seq))
         return {"input_ids": ids, "labels": ids}
-    return kind, lm, seq
+    return "decoder", lm, seq
 
 
 # ---- vision-language inputs: images in the sample (Qwen2-VL / Qwen2.5-VL) ----------------------

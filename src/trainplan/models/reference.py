@@ -9,6 +9,11 @@ memory-efficient kernel, as it does in PyTorch. The loss is `F.cross_entropy` ov
 logits, or with `loss: fused` one fused kernel a pass over the logits with the labels shifted
 instead (models/fused_loss.py), as llm-foundry's MPT trains.
 
+Weights start as GPT-2's and BERT's do (normal, std 0.02; biases 0, norms 1: transformers'
+`initializer_range` default): with PyTorch's own N(0, 1) embedding, tied to the head, an
+encoder's logits lean on each position's own token by hundreds and the measured loss starts in
+the hundreds. Only `trainplan measure` sees values; a trace is the same either way.
+
 Parameters per layer (no biases when `bias=False`): attention 4h^2 (+ GQA shrinks K, V);
 GELU MLP 2 h f; SwiGLU 3 h f; two norms 2h (LayerNorm 4h with bias).
 """
@@ -124,6 +129,17 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_norm(x))
 
 
+INIT_STD = 0.02        # GPT-2's and BERT's initializer_range
+
+
+@torch.no_grad()
+def _init_weights(m: nn.Module) -> None:
+    if isinstance(m, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(m.weight, std=INIT_STD)
+    if isinstance(m, nn.Linear) and m.bias is not None:
+        nn.init.zeros_(m.bias)
+
+
 class ReferenceTransformer(nn.Module):
     def __init__(self, d: TransformerDims):
         super().__init__()
@@ -136,6 +152,7 @@ class ReferenceTransformer(nn.Module):
         self.lm_head = nn.Linear(d.hidden_size, d.vocab_size, bias=False)
         if d.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.apply(_init_weights)
 
     def forward(self, input_ids, labels=None):
         b, s = input_ids.shape

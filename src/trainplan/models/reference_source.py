@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import TrainplanError
-from . import ModelBundle
+from . import ModelBundle, masked_lm_batch
 from .meta import on_meta
 from .reference import ReferenceTransformer, TransformerDims
 
@@ -21,7 +21,9 @@ def build_reference(job) -> ModelBundle:
 
     def make_inputs(batch: int):
         ids = torch.randint(0, d.vocab_size, (batch, seq))
-        return {"input_ids": ids, "labels": ids}
+        if d.kind == "decoder":            # the model shifts them: the next token is the label
+            return {"input_ids": ids, "labels": ids}
+        return masked_lm_batch(ids, d.vocab_size - 1)      # the last id stands for [MASK]
 
     return ModelBundle(
         name=job.model_label, module=module,

@@ -38,6 +38,14 @@ def fp8_transpose(accel: Accelerator) -> bool:
     return not (10.0 <= cc < 12.0 or cc >= 13.0)
 
 
+# backends traced with CUDA's softmax, cross-entropy and fused RMSNorm (KernelSemantics
+# cuda_softmax, fused_rms_norm): CUDA's and ROCm's (their tensors answer is_cuda) and XLA's, which
+# fuses those ops into computations that keep no more than the fused kernels do (the CPU build's
+# composites keep every intermediate, as no TPU program does); a TPU's fp16 job is then traced as
+# a GPU's bf16 one (trace/derive/twins.py). MPS runs the composites.
+CUDA_SOFTMAX = ("cuda", "rocm", "xla")
+
+
 def eager_by_default(job) -> bool:
     """A T5-family model asked to run SDPA or left to the default: transformers ran it eager
     before its SDPA port, and a fit verdict has to hold on those releases too
@@ -53,7 +61,9 @@ def semantics_for(job, accel: Accelerator) -> KernelSemantics:
     if eager_by_default(job):
         return KernelSemantics(attention="eager", autocast_dtype=autocast if accel.kind != "tpu"
                                or autocast is None else "bfloat16",
-                               channels_last=bool(job.channels_last))
+                               channels_last=bool(job.channels_last),
+                               cuda_softmax=accel.backend in CUDA_SOFTMAX,
+                               fused_rms_norm=accel.backend in CUDA_SOFTMAX)
     if accel.kind == "tpu":
         autocast = "bfloat16" if autocast is not None else None
         attention = "efficient" if job.attention in ("auto", "sdpa", "flash") else job.attention
@@ -66,5 +76,7 @@ def semantics_for(job, accel: Accelerator) -> KernelSemantics:
     return KernelSemantics(attention=attention, autocast_dtype=autocast,
                            channels_last=bool(job.channels_last),
                            optimizer_foreach=accel.backend != "mps",
+                           cuda_softmax=accel.backend in CUDA_SOFTMAX,
+                           fused_rms_norm=accel.backend in CUDA_SOFTMAX,
                            fp8=fp8, fp8_transpose=bool(fp8) and fp8.startswith("te-")
                            and fp8_transpose(accel))

@@ -12,6 +12,10 @@ casts it inserts are recorded in the graph exactly as CUDA autocast records them
   (`softmax(q k^T * scale + mask) v`, which materialises the s x s scores);
 * keeps a `mean`'s input for its backward where the target's PyTorch did (before 2.2,
   `KernelSemantics.mean_keeps_input`);
+* runs softmax, log_softmax and cross-entropy as CUDA does (`KernelSemantics.cuda_softmax`: a
+  float16 input read directly into a float32 result; cross-entropy's log-probabilities in the
+  input's dtype, copied to float32 for nll_loss) and `F.rms_norm` as its fused kernel
+  (`KernelSemantics.fused_rms_norm`, trace/fused_norm.py);
 * applies the CUDA autocast policy for fp16/bf16: the ops of PyTorch's "Autocast Op Reference"
   lower-precision list run in the autocast dtype, the fp32 list runs in fp32 (so layer_norm and
   softmax return fp32), the promote list runs in the widest input dtype, and casts of leaf
@@ -26,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from . import windows
+from . import fused_norm, windows
 from .semantics import KernelSemantics
 
 aten = torch.ops.aten
@@ -51,6 +55,27 @@ _FP32 = {
 }
 _PROMOTE = {"addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sample", "index_put",
             "scatter_add", "tensordot"}
+
+
+# CUDA's float16-in, float32-out kernels (KernelSemantics.cuda_softmax)
+_HALF_TO_FLOAT = {"softmax": torch._softmax, "log_softmax": torch._log_softmax}
+# positional parameters of the spellings of a softmax call
+_SOFTMAX_ARGS = {F.softmax: ("input", "dim", "_stacklevel", "dtype"),
+                 F.log_softmax: ("input", "dim", "_stacklevel", "dtype"),
+                 torch.softmax: ("input", "dim", "dtype"),
+                 torch.log_softmax: ("input", "dim", "dtype"),
+                 torch.Tensor.softmax: ("input", "dim", "dtype"),
+                 torch.Tensor.log_softmax: ("input", "dim", "dtype")}
+_CROSS_ENTROPY_ARGS = ("input", "target", "weight", "size_average", "ignore_index", "reduce",
+                       "reduction", "label_smoothing")
+
+
+def _bound(names: tuple, args, kwargs) -> dict:
+    got = dict(zip(names, args))
+    got.update(kwargs)
+    if "self" in got:
+        got.setdefault("input", got["self"])
+    return got
 
 
 def _flash_ok(dtype, head_dim: int, attn_mask) -> bool:
@@ -154,6 +179,10 @@ class TargetSemantics(TorchFunctionMode):
                     return out
             elif func is torch.cat:
                 self.windows.joined(args[0] if args else kwargs.get("tensors", ()))
+        if self.sem.cuda_softmax or self.sem.fused_rms_norm:
+            out = self._cuda_kernels(func, name, args, kwargs)
+            if out is not None:
+                return out
         if self.autocast_enabled:
             args, kwargs = self._autocast(name, args, kwargs)
         if func is F.scaled_dot_product_attention:
@@ -165,6 +194,41 @@ class TargetSemantics(TorchFunctionMode):
         if name == "mean" and self.sem.mean_keeps_input:
             return self._mean_keeping_input(func, args, kwargs)
         return func(*args, **kwargs)
+
+    def _cuda_kernels(self, func, name, args, kwargs):
+        """softmax, log_softmax and cross-entropy as CUDA runs them (KernelSemantics.cuda_softmax),
+        rms_norm as its fused kernel (KernelSemantics.fused_rms_norm); None where the call is none
+        of those cases (it then runs as before)."""
+        if name in _HALF_TO_FLOAT and func in _SOFTMAX_ARGS and self.sem.cuda_softmax:
+            got = _bound(_SOFTMAX_ARGS[func], args, kwargs)
+            x, dim, dtype = got.get("input"), got.get("dim"), got.get("dtype")
+            if dtype is None and self.autocast_enabled:
+                dtype = torch.float32                 # autocast's fp32_set_opt_dtype
+            if isinstance(x, torch.Tensor) and x.dtype == torch.float16 and \
+                    dtype == torch.float32 and isinstance(dim, int):
+                return _HALF_TO_FLOAT[name](x, dim, True)
+            return None
+        if func is F.rms_norm and self.sem.fused_rms_norm:
+            got = _bound(("input", "normalized_shape", "weight", "eps"), args, kwargs)
+            x, weight = got.get("input"), got.get("weight")
+            if isinstance(x, torch.Tensor) and fused_norm.takes_fused(x, weight):
+                return fused_norm.rms_norm(x, got["normalized_shape"], weight, got.get("eps"))
+            return None
+        if func is F.cross_entropy and self.autocast_enabled and self.sem.cuda_softmax:
+            got = _bound(_CROSS_ENTROPY_ARGS, args, kwargs)
+            x, target = got.get("input"), got.get("target")
+            if not (_is_float(x) and x.dtype in (torch.float16, torch.bfloat16)
+                    and isinstance(target, torch.Tensor) and not target.is_floating_point()
+                    and not got.get("label_smoothing") and got.get("size_average") is None
+                    and got.get("reduce") is None):
+                return None                   # probabilities, smoothing: the input cast first
+            logp = F.log_softmax(x, 0 if x.dim() == 1 else 1, dtype=x.dtype)
+            weight = got.get("weight")
+            return F.nll_loss(self._cast(logp, torch.float32), target,
+                              None if weight is None else self._cast(weight, torch.float32),
+                              ignore_index=got.get("ignore_index", -100),
+                              reduction=got.get("reduction", "mean"))
+        return None
 
     @staticmethod
     def _mean_keeping_input(func, args, kwargs):

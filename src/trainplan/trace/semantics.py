@@ -44,6 +44,22 @@ class KernelSemantics:
     hf_loss_copies_logits: transformers before 4.49, whose causal-LM loss copied the shifted
         fp32 logits (models/hf_releases.py): one more fp32 tokens x vocab tensor at the end of
         the forward. False: transformers >= 4.49, what the tracer's release runs.
+    cuda_softmax: softmax, log_softmax and cross-entropy as CUDA/ROCm run them (False on CPU
+        and MPS, whose autocast casts cross-entropy's input to float32 first; XLA's fusions are
+        traced as CUDA's, predict/target.py CUDA_SOFTMAX). (1) Asked for
+        float32 from a float16 input (CUDA autocast asks so of every softmax and log_softmax:
+        autocast_mode.h AT_FORALL_FP32_SET_OPT_DTYPE), the kernel reads the float16 and writes
+        float32 (SoftMax.cpp: `input_.is_cuda() && Half && dtype == Float` ->
+        `_softmax(input, dim, half_to_float=true)`) and its backward writes float16: no float32
+        copy of the input (bfloat16 is copied: the fast path is Half only). (2) Cross-entropy is
+        on no CUDA autocast list: ATen composes it (LossNLL.cpp `cross_entropy_loss_symint`) as
+        log_softmax in the input's own dtype (its explicit dtype keeps autocast off it), then
+        nll_loss, on the float32 list, over a float32 copy of the log-probabilities, which
+        nll_loss's backward keeps.
+    fused_rms_norm: `F.rms_norm` as one CUDA kernel each way, its node keeping the input and
+        1/rms (trace/fused_norm.py; PyTorch >= 2.9, pytorch/pytorch#153666, on CUDA and ROCm).
+        False: the composite (CPU; MPS under autograd; PyTorch <= 2.8), whose nodes keep the
+        normalised input too.
     """
 
     attention: str = "efficient"
@@ -58,6 +74,8 @@ class KernelSemantics:
     mean_keeps_input: bool = False
     hf_loss_copies_logits: bool = False
     cudnn_grouped_direct: bool = False
+    cuda_softmax: bool = True
+    fused_rms_norm: bool = True
 
     def __post_init__(self):
         if self.autocast_dtype is not None and not isinstance(self.autocast_dtype, str):
@@ -70,7 +88,9 @@ class KernelSemantics:
             ((f"fp8:{self.fp8}:{int(self.fp8_transpose)}",) if self.fp8 else ()) + \
             (("mean-keeps-input",) if self.mean_keeps_input else ()) + \
             (("hf-loss-copies-logits",) if self.hf_loss_copies_logits else ()) + \
-            (("cudnn-grouped-direct",) if self.cudnn_grouped_direct else ())
+            (("cudnn-grouped-direct",) if self.cudnn_grouped_direct else ()) + \
+            (() if self.cuda_softmax else ("cpu-softmax",)) + \
+            (() if self.fused_rms_norm else ("rms-composite",))
         return base + extra
 
 
