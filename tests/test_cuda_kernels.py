@@ -165,3 +165,16 @@ def test_the_reference_encoder_has_something_to_learn():
     loss.backward()
     assert abs(loss.item() - math.log(VOCAB)) < 1.0
     assert all(p.grad is not None and p.grad.abs().max() > 0 for p in model.parameters())
+
+
+def test_measure_predicts_the_rms_norm_its_own_pytorch_runs(monkeypatch):
+    """`measure` compares with the kernels of the PyTorch it runs: a CUDA build before 2.9 has no
+    fused RMSNorm, whatever the catalog's semantics assume of today's releases."""
+    from trainplan.measure import runner
+    job = tiny_job(norm="rmsnorm")
+    cuda = torch.device("cuda")
+    for has_kernel in (True, False):
+        monkeypatch.setattr(runner, "_fused_rms_norm_release", lambda h=has_kernel: h)
+        assert runner.local_semantics(job, cuda, "h200").fused_rms_norm is has_kernel
+    cpu = runner.local_semantics(job, torch.device("cpu"), None)
+    assert not cpu.fused_rms_norm and not cpu.cuda_softmax

@@ -19,6 +19,7 @@ reused, so data loading is not measured.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shlex
 import sys
@@ -65,9 +66,13 @@ def _fused_rms_norm_release() -> bool:
 
 
 def local_semantics(job: Job, dev: torch.device, accel_id: str | None) -> KernelSemantics:
-    """The kernel semantics the tracer would use for this device (the catalog row's if known)."""
+    """The kernel semantics the tracer would use for this device (the catalog row's if known),
+    with the RMSNorm this PyTorch runs: the one being measured."""
     if accel_id is not None:
-        return semantics_for(job, get_accelerator(accel_id))
+        sem = semantics_for(job, get_accelerator(accel_id))
+        if dev.type == "cuda" and sem.fused_rms_norm != _fused_rms_norm_release():
+            sem = dataclasses.replace(sem, fused_rms_norm=not sem.fused_rms_norm)
+        return sem
     cc = None
     if dev.type == "cuda":
         major, minor = torch.cuda.get_device_capability(dev)
