@@ -70,8 +70,8 @@ def local_semantics(job: Job, dev: torch.device, accel_id: str | None) -> Kernel
     with the RMSNorm this PyTorch runs: the one being measured."""
     if accel_id is not None:
         sem = semantics_for(job, get_accelerator(accel_id))
-        if dev.type == "cuda" and sem.fused_rms_norm != _fused_rms_norm_release():
-            sem = dataclasses.replace(sem, fused_rms_norm=not sem.fused_rms_norm)
+        if dev.type == "cuda":
+            sem = dataclasses.replace(sem, fused_rms_norm=_fused_rms_norm_release())
         return sem
     cc = None
     if dev.type == "cuda":

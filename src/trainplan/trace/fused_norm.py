@@ -13,7 +13,7 @@ too).
 
 The two kernels here are custom ops (as models/fused_loss.py's), so the tracer records each as
 one kernel moving its tensors' bytes, and the memory tracker sees what the CUDA node keeps. They
-compute the real result on real tensors (tests/test_fused_norm.py).
+compute the real result on real tensors (tests/test_cuda_kernels.py).
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def _dims(x: Tensor, normalized_shape: list[int]) -> list[int]:
 
 
 def _eps(x: Tensor, eps: float | None) -> float:
-    return eps if eps is not None else torch.finfo(x.dtype).eps
+    """`rms_norm`'s default: the epsilon of the type it computes in (layer_norm.cpp)."""
+    return eps if eps is not None else torch.finfo(_opmath(x)).eps
 
 
 def _opmath(x: Tensor) -> torch.dtype:
