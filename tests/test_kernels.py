@@ -152,6 +152,27 @@ def test_split_k_for_skinny_gemms():
     assert t >= 2 * 256 * 256 * (1 << 20) / P_DEVICE
 
 
+def _splits(b, m, n, k, p):
+    """Seconds of each split-K count at its fastest tile, on the H100 above."""
+    grid = kernels.gemm_grid(np.array([[b, m, n, k]], float), SMS)
+    r_sm = (P_DEVICE / SMS) * kernels.tile_efficiency(p.tile_h_half)[None, :, None]
+    t = grid.work * grid.k_split / r_sm + grid.waves * p.tile_s + grid.partial_bytes / 3.0e12
+    return t[0].min(axis=0)
+
+
+def test_split_k_is_not_capped_below_what_fills_the_device():
+    """A ResNet stem's weight gradient at batch 512 (a 64 x 147 output reduced over 6.4M pixels)
+    is a few tiles: only a split in the hundreds fills 132 SMs, and it runs at least twice as
+    fast as at the best split of 16 or fewer; a GEMM whose tiles already fill the device many
+    times over takes no split, its partial tiles' traffic costing more than they gain."""
+    p = bundled()
+    by_split = _splits(1, 64, 147, 6422528, p)
+    assert kernels.SPLITS[int(np.argmin(by_split))] >= 64
+    assert by_split.min() < 0.5 * by_split[kernels.SPLITS <= 16].min()
+    assert by_split.min() == pytest.approx(_t(1, 64, 147, 6422528, p))
+    assert kernels.SPLITS[int(np.argmin(_splits(1, 8192, 8192, 65536, p)))] == 1
+
+
 def test_gemm_time_grows_with_every_dimension():
     base = _t(2, 1000, 1000, 1000)
     for dims in ((4, 1000, 1000, 1000), (2, 3000, 1000, 1000), (2, 1000, 3000, 1000),

@@ -19,7 +19,13 @@ h = tm tn / (tm + tn) (64 for 128 x 128), and e_tile = (h / (h + h_half)) / (h_m
 h_half)), h_half fitted. Small tiles run several to an SM (occupancy); narrow ones (down to 64 x
 8, cuBLAS's skinny kernels) serve a GEMM with few columns. Where the tiles fill less than the
 SMs, cuBLAS splits K over s thread blocks and sums their partial tiles (s x M x N fp32 written
-and read back): K_s = ceil(K / s). The library picks its tile and split by heuristics close to
+and read back): K_s = ceil(K / s). The split is not capped below what fills the device:
+CUTLASS's GemmSplitKParallel takes any `split_k_slices` (NVIDIA/cutlass
+examples/06_splitK_gemm), and cuDNN's weight gradients split their reduction over the N x Ho x Wo
+pixels (its computeWgradSplitKOffset kernels); a ResNet stem's weight gradient at batch 512 (a
+64 x 147 output, 6.4M pixels reduced) fills the SMs only at a split in the hundreds, where 16
+left it at a quarter of the rate. The partial tiles' traffic prices a split out wherever the
+tiles already fill the device. The library picks its tile and split by heuristics close to
 the fastest one; this model takes the fastest candidate (TILES) and split. The kernel never
 beats the bandwidth: at least its bytes / (bandwidth x STREAM fraction).
 
@@ -48,7 +54,7 @@ from ..trace.shapes import ATTN_INTS, GEMM_INTS
 TILES = np.array([(256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64),
                   (128, 32), (32, 128), (64, 16), (16, 64), (64, 8), (8, 64)], float)
 MAX_TILES_PER_SM = 8       # thread blocks an SM holds at once, at most
-SPLITS = np.array([1, 2, 3, 4, 6, 8, 12, 16], float)
+SPLITS = np.array([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256], float)  # K splits
 MIN_SPLIT_K = 128          # no split leaves a block fewer than this many of K
 ATTN_BLOCK_Q = 128         # FlashAttention-2's forward query block (sm80+, D <= 128)
 # ATen/native/cuda/MultiTensorApply.cuh: depth_to_max_tensors, depth_to_max_blocks, kChunkSize
