@@ -47,6 +47,7 @@ VIT_RE = re.compile(r"vit|deit|swin|beit|cait|xcit|levit|mixer|convit|pit_|twins
                     r"tnt|volo|gmlp|resmlp|jx_nest|nest_|sequencer|mvit|poolformer|convmixer|"
                     r"eva|edgenext|maxvit|coatnet|mobilevit|efficientformer|gcvit|davit")
 from trainplan.predict.time_params import FITTED as PARAMS, TimeParams  # noqa: E402
+from trainplan.trace.semantics import BEFORE_TORCH_2_9  # noqa: E402
 # Measured STREAM triad / device copy fraction of the spec bandwidth, not fitted
 # (docs/kernel_ceilings_research.md section 2: V100 0.90, A100-40GB 0.88, A100-80GB 0.86-0.91,
 # H100 SXM copy 0.87, H100 PCIe 0.92, RTX 4090 0.91)
@@ -535,10 +536,10 @@ def make_job(r: dict, gpus: int = 1, strategy: str = "single", accum: int = 1):
     return validate(Job(**kw))
 
 
-# Every published run predates PyTorch 2.9's fused RMSNorm kernel (trace/semantics.py
-# fused_rms_norm; the newest, PEFT's L40S rows, ran 2.7.1, validation/PROVENANCE.md): traced
-# with the composite `F.rms_norm` they ran. Our `measure` runs (torch 2.11) ran the fused one.
-PUBLISHED_KERNELS = {"fused_rms_norm": False}
+# Every published run predates PyTorch 2.9's fused RMSNorm kernel: traced with the composite
+# `F.rms_norm` they ran (trace/semantics.py BEFORE_TORCH_2_9). Our `measure` runs (torch 2.11)
+# ran the fused one.
+PUBLISHED_KERNELS = BEFORE_TORCH_2_9
 
 
 def _trace_one(r: dict):

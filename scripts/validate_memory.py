@@ -63,11 +63,6 @@ GB, GIB, MIB = 1e9, 2**30, 2**20
 # (torch 2.1.0) and timm's pt112 benchmark (torch 1.12)
 TORCH_BEFORE_2_2 = {"mean_keeps_input": True}
 
-# Every published run predates PyTorch 2.9's fused RMSNorm kernel (trace/semantics.py
-# fused_rms_norm; the newest, PEFT's L40S rows, ran 2.7.1): their `F.rms_norm` was the composite.
-# Our own H100 runs (torch 2.11) ran the fused kernel.
-PUBLISHED = {"fused_rms_norm": False}
-
 # timm benchmark.py (pt112 files): on OOM, batch = timm.utils.decay_batch_step(batch)
 TIMM_DECAY = (512, 384, 256, 192, 128, 96, 64, 48, 32, 24, 16, 12, 8, 6, 4, 3, 2, 1)
 
@@ -420,9 +415,11 @@ def trace_case(case: Case):
     import dataclasses
     from trainplan.accelerators import get_accelerator
     from trainplan.predict.target import semantics_for
+    from trainplan.trace.semantics import BEFORE_TORCH_2_9
     from trainplan.trace.tracer import trace_step
     job = make_job(case.job)
-    kernels = case.kernels if case.source == "h100" else {**PUBLISHED, **case.kernels}
+    # every published run predates PyTorch 2.9's fused RMSNorm; our H100 runs (torch 2.11) ran it
+    kernels = case.kernels if case.source == "h100" else {**BEFORE_TORCH_2_9, **case.kernels}
     sem = dataclasses.replace(semantics_for(job, get_accelerator(case.accel)), **kernels)
     tr = trace_step(job, sem)
     from trainplan.predict.memory import SOFTMAX_OPS   # the only ops the memory model reads

@@ -155,8 +155,7 @@ def test_split_k_for_skinny_gemms():
 def _splits(b, m, n, k, p):
     """Seconds of each split-K count at its fastest tile, on the H100 above."""
     grid = kernels.gemm_grid(np.array([[b, m, n, k]], float), SMS)
-    r_sm = (P_DEVICE / SMS) * kernels.tile_efficiency(p.tile_h_half)[None, :, None]
-    t = grid.work * grid.k_split / r_sm + grid.waves * p.tile_s + grid.partial_bytes / 3.0e12
+    t = kernels.gemm_candidates(grid, np.array([P_DEVICE]), SMS, p.tile_s, p.tile_h_half, 3.0e12)
     return t[0].min(axis=0)
 
 

@@ -109,18 +109,23 @@ def gemm_grid(dims: np.ndarray, sms: int) -> GemmGrid:
     return GemmGrid(waves * per_sm * 2.0 * tm * tn, np.ceil(k / s), waves, partial)
 
 
+def gemm_candidates(grid: GemmGrid, rate: np.ndarray, sms: int, tile_s: float, h_half: float,
+                    bandwidth: float) -> np.ndarray:
+    """Seconds of each GEMM (the rows of `grid`) at each tile and split of K, (G, tiles,
+    splits): on `sms` SMs, `rate` the FLOP/s the whole device reaches on it at the best tile
+    (peak x ceiling, per GEMM), a split's partial tiles (fp32, written and read back once) at
+    `bandwidth` (module docstring)."""
+    r_sm = (rate[:, None, None] / sms) * tile_efficiency(h_half)[None, :, None]
+    return grid.work * grid.k_split / r_sm + grid.waves * tile_s + grid.partial_bytes / bandwidth
+
+
 def gemm_seconds(grid: GemmGrid, rate: np.ndarray, sms: int, tile_s: float, h_half: float,
                  bandwidth: float) -> np.ndarray:
-    """Seconds of each GEMM's compute (the rows of `grid`) on `sms` SMs, `rate` the FLOP/s the
-    whole device reaches on it at the best tile (peak x ceiling, per GEMM), at the fastest tile
-    and split of K (module docstring); the split's partial tiles (fp32, written and read back
-    once) at `bandwidth`. Without the kernel's bandwidth floor and fixed time, which the caller
-    adds."""
+    """Seconds of each GEMM's compute at its fastest tile and split of K (gemm_candidates).
+    Without the kernel's bandwidth floor and fixed time, which the caller adds."""
     if not len(rate):
         return np.zeros(0)
-    r_sm = (rate[:, None, None] / sms) * tile_efficiency(h_half)[None, :, None]
-    t = grid.work * grid.k_split / r_sm + grid.waves * tile_s + grid.partial_bytes / bandwidth
-    return t.min(axis=(1, 2))
+    return gemm_candidates(grid, rate, sms, tile_s, h_half, bandwidth).min(axis=(1, 2))
 
 
 def attention_quantisation(shape: tuple, sms: int, backward: bool) -> float:

@@ -58,12 +58,12 @@ def eager_by_default(job) -> bool:
 def semantics_for(job, accel: Accelerator) -> KernelSemantics:
     """What the accelerator's kernels do for this job (see trace/semantics.py)."""
     autocast = job.precision.autocast       # torch's dtype name, None without AMP
+    cuda_kernels = accel.backend in CUDA_SOFTMAX
     if eager_by_default(job):
         return KernelSemantics(attention="eager", autocast_dtype=autocast if accel.kind != "tpu"
                                or autocast is None else "bfloat16",
                                channels_last=bool(job.channels_last),
-                               cuda_softmax=accel.backend in CUDA_SOFTMAX,
-                               fused_rms_norm=accel.backend in CUDA_SOFTMAX)
+                               cuda_softmax=cuda_kernels, fused_rms_norm=cuda_kernels)
     if accel.kind == "tpu":
         autocast = "bfloat16" if autocast is not None else None
         attention = "efficient" if job.attention in ("auto", "sdpa", "flash") else job.attention
@@ -76,7 +76,6 @@ def semantics_for(job, accel: Accelerator) -> KernelSemantics:
     return KernelSemantics(attention=attention, autocast_dtype=autocast,
                            channels_last=bool(job.channels_last),
                            optimizer_foreach=accel.backend != "mps",
-                           cuda_softmax=accel.backend in CUDA_SOFTMAX,
-                           fused_rms_norm=accel.backend in CUDA_SOFTMAX,
+                           cuda_softmax=cuda_kernels, fused_rms_norm=cuda_kernels,
                            fp8=fp8, fp8_transpose=bool(fp8) and fp8.startswith("te-")
                            and fp8_transpose(accel))

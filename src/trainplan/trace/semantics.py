@@ -94,6 +94,12 @@ class KernelSemantics:
         return base + extra
 
 
+# What a PyTorch release before 2.9 runs where the defaults assume today's: `F.rms_norm` composed,
+# not fused (KernelSemantics.fused_rms_norm). Every published run the validations read predates
+# 2.9 (the newest, PEFT's L40S rows, ran 2.7.1; validation/PROVENANCE.md).
+BEFORE_TORCH_2_9 = {"fused_rms_norm": False}
+
+
 # cuDNN 8.0-8.3's channels-last grouped convolutions above this many channels a group ran its
 # direct kernels (KernelSemantics.cudnn_grouped_direct): RegNetZ-d32's 32 ran NHWC faster than
 # NCHW in timm's RTX 3090 tables, RegNetX-032's 48 2.6x slower
