@@ -164,6 +164,16 @@ CUDA_LAUNCH_SOURCE = ("none added: no published launch cost with its host CPU na
 OVERLAP_SLOWDOWN = 0.189
 OVERLAP_SLOWDOWN_SOURCE = ("measured, not fitted: the mean slowdown of compute overlapping a "
                            "collective, 18.9% (Lee et al. 2025, arXiv:2507.03114, A100 and H100)")
+# TensorIterator's dynamic-casting loop (trace/casting.py) against the vectorized one, timed by
+# PyTorch's own developers on the copy that each PR moved from the first to the second: fp32 ->
+# fp16 on a power-limited H100 PCIe, 0.553 -> 0.437 ms at 134M elements (0.79; 0.76-0.83 from 8M
+# to 2.1G; pytorch/pytorch#137053, 2024-10-28) and bf16 -> fp32 on an A100, 362 -> 322 us at 67M
+# (0.89; 0.85 at 8M; pytorch/pytorch#195542, 2026-09-01): 0.84, their mean. Measured, not fitted.
+CAST_BW = 0.84
+CAST_BW_SOURCE = ("measured, not fitted: a dynamic-casting elementwise loop's rate against the "
+                  "vectorized loop's, 0.79 (H100 PCIe, fp32->fp16 copy, 134M elements, "
+                  "pytorch/pytorch#137053) and 0.89 (A100, bf16->fp32 copy, 67M elements, "
+                  "pytorch/pytorch#195542): their mean")
 # FlashAttention-2's forward+backward throughput at head dimension 64 against 128, non-causal
 # (FA2 paper Fig. 4, A100: 162/187 at 2k, 176/203 at 16k; Fig. 7, H100: 274/320, 296/338):
 # 0.866 = [64 / (64 + h)] / [128 / (128 + h)] gives h = 24
@@ -197,9 +207,36 @@ def timm_rows() -> list[dict]:
                         # torch 1.12 cu113 wheels: cuDNN 8.3.2 (KernelSemantics docstring)
                         cudnn_grouped_direct=r["layout"] == "nhwc",
                         measured=float(r["train_samples_per_sec"]), unit="samples/s",
-                        split="fit",
+                        **_timm_other_model(r["model"]),
                         label=f"{r['model']} {r['layout']} b{r['train_batch_size']}"))
     return out
+
+
+# Models the table's timm (c865028c34fc, 2022) built with InplaceABN: timm/models/tresnet.py's
+# `conv2d_iabn` and the `*_iabn` variants call the inplace_abn package's CUDA kernels (the model
+# raises ImportError without it, so the benchmark ran them); today's timm builds TResNet with
+# BatchNorm + LeakyReLU, which is what the tool traces. The package's kernels read a (N, C, H*W)
+# view of the activations with threads along H*W (src/inplace_abn_kernels.cuh, copied from
+# PyTorch 1.1's NCHW batch norm): on channels-last tensors every thread's load is C elements from
+# its neighbour's, uncoalesced, which is why the table's NHWC TResNets run 3-4x slower than its
+# NCHW ones. Not the model the tool traces, in either layout: reported, kept out of fits and
+# statistics.
+TIMM_OTHER_MODEL = re.compile(r"^tresnet|_iabn$")
+
+
+def _timm_other_model(model: str) -> dict:
+    if TIMM_OTHER_MODEL.search(model):
+        return dict(split="other-model",
+                    why="the table's timm built it with InplaceABN (the inplace_abn package's "
+                        "kernels), today's timm with BatchNorm")
+    return dict(split="fit")
+
+
+# DLE's EfficientNet table for DGX-1 V100 32GB prints one GPU at 36 (FP32) and 89 (AMP) img/s for
+# EfficientNet-B4 and 8 GPUs at 641 and 1565, "Strong Scaling" 17.6x: per GPU, eight GPUs would
+# run 2.2x faster than one at the same per-GPU batch, and the 16 GB table's one GPU runs the model
+# at 83 and 204 img/s. The one-GPU rows contradict their own table: reported, kept out.
+DLE_INCONSISTENT = {("efficientnet-b4", "V100-SXM2-32GB (DGX-1)", "1")}
 
 
 def _dle_gpu(g: str) -> str:
@@ -248,7 +285,11 @@ def dle_rows() -> list[dict]:
                         seq=None, family="convnet", task=None, attention="math",
                         optimizer="adam" if "RMSprop" in r["optimizer"] else "sgd-momentum",
                         channels_last=prec != "fp32", measured=float(r["value"]),
-                        unit="samples/s", split="fit",
+                        unit="samples/s",
+                        **(dict(split="inconsistent",
+                                why="the table's own strong scaling to 8 GPUs is 17.6x")
+                           if (r["model"], r["gpu"], r["num_gpus"]) in DLE_INCONSISTENT
+                           else dict(split="fit")),
                         label=f"{r['model']} {prec} {r['gpu'][:14]} x{n} b{r['batch_size']}"))
     return out
 
@@ -370,6 +411,10 @@ EXTRA_MODEL = {"mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/Mixtral-8x7B-v
 # reported, kept out of fits and headline: PEFT's MetaMathQA batches are padded to a varying
 # length (210 is the mean unpadded length); NeMo AutoModel runs its own fused (TE, triton) kernels
 WEAK_EXTRA = ("peft-metamathqa", "nemo-automodel")
+# splits reported beside the statistics, never fitted: hardware outside the catalog, weak rows
+# (WEAK_EXTRA), a model the tool does not trace as the table ran it (TIMM_OTHER_MODEL), rows
+# their own table contradicts (DLE_INCONSISTENT)
+OUTSIDE = ("off-catalog", "weak", "other-model", "inconsistent")
 EXTRA_OPT = (("8bit", "adamw-8bit"), ("adafactor", "adafactor"), ("adam", "adamw"))
 
 
@@ -466,7 +511,7 @@ def host_rows() -> list[dict]:
 
 
 def all_rows() -> list[dict]:
-    """Every measured row; `split` is "fit" (usable by a fit), "off-catalog" or "weak"."""
+    """Every measured row; `split` is "fit" (usable by a fit) or one of OUTSIDE."""
     return (timm_rows() + dle_rows() + llm_rows() + h100_rows()
             + h100_rows("validation/measured/h100-sxm/records.jsonl") + host_rows()
             + h100_rows("validation/measured/h200/records.jsonl", "trainplan-measure-h200")
@@ -637,7 +682,7 @@ def to_params(x: np.ndarray) -> TimeParams:
                fp32_emax=FP32_EMAX_UNMEASURED, attn_head_dim_half=ATTN_HEAD_DIM_HALF,
                attn_seq_half=ATTN_SEQ_HALF,
                cuda_launch_s=CUDA_LAUNCH_S, host_dispatch=HOST_DISPATCH,
-               overlap_slowdown=OVERLAP_SLOWDOWN)
+               overlap_slowdown=OVERLAP_SLOWDOWN, cast_bw=CAST_BW)
     return TimeParams.of(out)
 
 
@@ -668,8 +713,8 @@ def nelder_mead(f, x0: np.ndarray, iters: int = 1500, step: float = 0.5) -> np.n
 
 
 def fit_rows(rows: list[dict], tables: dict) -> list[dict]:
-    """Rows a fit may use: traced, on catalog hardware, not marked weak."""
-    return [r for r in rows if r["split"] not in ("off-catalog", "weak")
+    """Rows a fit may use: traced, and not beside the statistics (OUTSIDE)."""
+    return [r for r in rows if r["split"] not in OUTSIDE
             and "error" not in tables.get(trace_key(r), {"error": 1})]
 
 
@@ -743,7 +788,7 @@ def main() -> None:
                                           for k in (*PARAMS, "bw_eff", "tc_emax",
                                                     "fp32_emax", "attn_head_dim_half",
                                                     "attn_seq_half", "cuda_launch_s",
-                                                    "overlap_slowdown")},
+                                                    "overlap_slowdown", "cast_bw")},
                                "matmul_ceiling": MATMUL_CEILING,
                                "fp32_ceiling": FP32_CEILING,
                                "attn_generation": ATTN_GENERATION,
@@ -773,6 +818,7 @@ def main() -> None:
         "host_dispatch_source": HOST_DISPATCH_SOURCE,
         "cuda_launch_s_source": CUDA_LAUNCH_SOURCE,
         "overlap_slowdown_source": OVERLAP_SLOWDOWN_SOURCE,
+        "cast_bw_source": CAST_BW_SOURCE,
         "attn_head_dim_half_source": ATTN_HEAD_DIM_SOURCE,
     }}, indent=1) + "\n")
     print(json.dumps(params.fitted(), indent=1))

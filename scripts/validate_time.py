@@ -210,14 +210,16 @@ def main() -> None:
     if other:
         md += ["## Rows outside the statistics", "",
                "Weak rows (PEFT's MetaMathQA: batches padded to a varying length, 210 tokens is "
-               "the mean unpadded length; NeMo AutoModel: its own fused TE/triton kernels) and "
+               "the mean unpadded length; NeMo AutoModel: its own fused TE/triton kernels), "
                "hardware outside the catalog (torchtitan's H100 96 GB HBM2e at 500 W, predicted "
-               "as the 700 W HBM3 H100 SXM). Predicted with the bundled fit.", "",
-               "| split | source | row | measured | predicted | error |",
-               "|---|---|---|---|---|---|"]
+               "as the 700 W HBM3 H100 SXM), models the table ran with kernels the tool does not "
+               "trace (other-model) and rows their own table contradicts (inconsistent; "
+               "calibrate_time.py OUTSIDE says why each). Predicted with the bundled fit.", "",
+               "| split | source | row | measured | predicted | error | why |",
+               "|---|---|---|---|---|---|---|"]
         md += [f"| {rows[i]['split']} | {rows[i]['source']} | {rows[i]['label']} | "
                f"{rows[i]['measured']:.1f} {rows[i]['unit']} | {p:.1f} | {err(i, p) * 100:+.1f}% |"
-               for i, p in other] + [""]
+               f" {rows[i].get('why', '')} |" for i, p in other] + [""]
     md += ["## Published rows the tool cannot express (not predicted)", ""]
     md += [f"- {s}: {label} -- {why}" for s, label, why in skipped]
     md += [f"- failed to trace: {', '.join(failed) or 'none'}", ""]

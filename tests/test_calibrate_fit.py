@@ -82,3 +82,22 @@ def test_the_fit_restarts_until_a_restart_no_longer_improves(cal, monkeypatch):
     assert len(calls) <= cal.MAX_RESTARTS + 1
     assert loss == pytest.approx(start / 10 ** len(calls), rel=1e-6)
     assert abs(math.log(params.host_scale) - target) == pytest.approx(loss, rel=1e-6)
+
+
+def test_rows_the_tool_does_not_trace_as_measured_are_kept_out_of_the_fit(cal):
+    """timm's 2022 TResNet ran the inplace_abn package's kernels (today's timm: BatchNorm), and
+    DLE's one-GPU EfficientNet-B4 rows on the 32 GB V100 contradict their own table (8 GPUs at
+    2.2x the per-GPU rate): reported with their reason, never fitted (validation/PROVENANCE.md)."""
+    rows = cal.timm_rows() + cal.dle_rows()
+    out = {r["label"]: r for r in rows if r["split"] != "fit"}
+    assert {"tresnet_l nchw b512", "tresnet_l nhwc b512"} <= set(out)
+    assert all(out[k]["split"] == "other-model" for k in out if k.startswith("tresnet"))
+    b4 = {k for k, r in out.items() if r["split"] == "inconsistent"}
+    assert b4 == {"efficientnet-b4 fp32 V100-SXM2-32GB x1 b32",
+                  "efficientnet-b4 fp16-amp V100-SXM2-32GB x1 b64"}
+    assert all(r["why"] for r in out.values())
+    tables = {cal.trace_key(r): {} for r in rows}           # every row traced, as far as it goes
+    kept = cal.fit_rows(rows, tables)
+    assert not {r["label"] for r in kept} & set(out)
+    # the 16 GB table's B4 and the 32 GB table's eight-GPU rows stay in
+    assert sum(r["model"] == "timm:efficientnet_b4" for r in kept) == 6

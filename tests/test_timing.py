@@ -500,7 +500,7 @@ def test_op_table_rows_are_those_of_keying_every_record():
                 rows.append(-1)
                 continue
             k = _key(o.name, o.family, o.dtype, o.phase, o.flops, o.bytes, o.group_channels,
-                     o.shape, o.recompute)
+                     o.shape, o.recompute, o.cast)
             rows.append(index.setdefault(k, len(keys)))
             if rows[-1] == len(keys):
                 keys.append(k)
@@ -513,13 +513,16 @@ def test_op_table_rows_are_those_of_keying_every_record():
             OpRecord("mm", "matmul", "forward", 4.0, 8.0, "float16", "b", shape=(2, 2, 2)),
             OpRecord("mm", "matmul", "backward", 4.0, 8.0, "float16", "a", shape=(2, 2, 2)),
             OpRecord("convolution", "matmul", "forward", 4.0, 8.0, "bfloat16", "c",
-                     group_channels=1)]
+                     group_channels=1),
+            # the same add, once through the vectorized loop and once through the casting one
+            OpRecord("add", "other", "forward", 0.0, 8.0, "bfloat16", "a"),
+            OpRecord("add", "other", "forward", 0.0, 8.0, "bfloat16", "a", cast=True)]
     real = list(dict.fromkeys(trace("bf16-amp", 4).ops))
     for records in (made, real):
         of_record, keys = _rows(records)
         rows, expect = each(records)
         assert of_record.tolist() == rows and keys == expect
-    assert _rows(made)[0].tolist() == [0, 1, 0, -1, 1, 2, 3]
+    assert _rows(made)[0].tolist() == [0, 1, 0, -1, 1, 2, 3, 4, 5]
 
 
 def test_a_table_timed_again_is_read_from_its_memo_and_only_for_the_same_inputs():

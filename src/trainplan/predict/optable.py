@@ -2,10 +2,10 @@
 
 Every accelerator times the same ops, so a trace is summarised once (memoised on it): each
 distinct kernel -- (name, family, dtype, phase, convolution?, FLOPs, bytes, channels per group,
-shape) -- once, with its count, and the step's kernels in the order the host issues them
-(`seq`, indices into the table) with the kernel-less ops the host dispatched before each
-(`seq_host`: views and the like, trace/counters.py `host_ops`) and the model's modules entered
-before each (`seq_modules`: `host_modules`). The order is what the host/device queue
+shape, rerun?, dynamic casting?) -- once, with its count, and the step's kernels in the order the
+host issues them (`seq`, indices into the table) with the kernel-less ops the host dispatched
+before each (`seq_host`: views and the like, trace/counters.py `host_ops`) and the model's
+modules entered before each (`seq_modules`: `host_modules`). The order is what the host/device queue
 (predict/host.py) runs over; the counts are what the totals sum.
 
 A trace read off a cut one (trace/derive/stitch.py) holds each of the last block's records once
@@ -67,6 +67,7 @@ class OpTable:
     group_channels: np.ndarray = None   # convolutions: input channels per group (1 = depthwise)
     shape: np.ndarray = None            # trace/shapes.py: GEMMs, attention dims, list lengths
     recompute: np.ndarray = None        # the backward's rerun of a checkpointed block's op
+    cast: np.ndarray = None             # runs TensorIterator's dynamic-casting loop (casting.py)
     meta: dict = field(default_factory=dict)   # model_flops, gradient_bytes, params_total, ...
     seq: np.ndarray = None              # the step's kernels in issue order (indices)
     seq_host: np.ndarray = None         # kernel-less ops the host dispatched before each
@@ -74,7 +75,7 @@ class OpTable:
     memo: TableMemo = field(default_factory=TableMemo, repr=False, compare=False)
 
     COLS = ("name", "family", "dtype", "phase", "conv", "flops", "bytes", "count",
-            "group_channels", "shape", "recompute")
+            "group_channels", "shape", "recompute", "cast")
 
     def __post_init__(self):
         n = len(self.flops)
@@ -85,6 +86,8 @@ class OpTable:
             self.shape[:] = [()] * n
         if self.recompute is None:
             self.recompute = np.zeros(n, dtype=bool)
+        if self.cast is None:
+            self.cast = np.zeros(n, dtype=bool)
         if self.seq is None:        # no order known: each op its count of times, phase by phase
             self.seq = np.repeat(np.arange(n), self.count)
             self.seq = self.seq[np.argsort(self.phase[self.seq], kind="stable")]
@@ -110,8 +113,9 @@ class OpTable:
             shape[:] = [tuple(s) for s in c["shape"]]
         seq = d.get("seq")
         recompute = np.asarray(c["recompute"], dtype=bool) if "recompute" in c else None
+        cast = np.asarray(c["cast"], dtype=bool) if "cast" in c else None
         return cls(name=np.asarray(c["name"], dtype=object), conv=np.asarray(c["conv"], dtype=bool),
-                   recompute=recompute,
+                   recompute=recompute, cast=cast,
                    flops=np.asarray(c["flops"], float), bytes=np.asarray(c["bytes"], float),
                    meta=d["meta"], shape=shape,
                    seq=None if seq is None else np.asarray(seq, dtype=np.int64),
@@ -169,19 +173,20 @@ def _in_order(ops: list, parts: tuple | None = None) -> tuple[np.ndarray, list]:
 
 
 # an OpRecord's fields a table row is keyed on, as they are (trace/facts.py): name, family,
-# dtype, phase, FLOPs, bytes, channels per group, shape; and its host ops
+# dtype, phase, FLOPs, bytes, channels per group, shape, rerun, casting; and its host ops
 _RAW = itemgetter(*(OpRecord._fields.index(f) for f in (
     "name", "family", "dtype", "phase", "flops", "bytes", "group_channels", "shape",
-    "recompute")))
+    "recompute", "cast")))
 _HOST = itemgetter(OpRecord._fields.index("host_ops"))
 _MODULES = itemgetter(OpRecord._fields.index("host_modules"))
 
 
-def _key(name, family, dtype, phase, flops, nbytes, group_channels, shape, recompute) -> tuple:
+def _key(name, family, dtype, phase, flops, nbytes, group_channels, shape, recompute,
+         cast) -> tuple:
     """A table row's key: what the time model tells kernels apart by."""
     return (name, _FAMILY[family], DTYPES.get(dtype, 3), _PHASE[phase],
             "convolution" in name, float(flops), float(nbytes), int(group_channels),
-            tuple(shape), bool(recompute))
+            tuple(shape), bool(recompute), bool(cast))
 
 
 def _rows(distinct: list) -> tuple[np.ndarray, list[tuple]]:
@@ -227,7 +232,7 @@ def summarize(trace) -> OpTable:
     seq_modules = modules[order][worked]
     counts = np.bincount(seq, minlength=len(keys))
     if not keys:
-        keys, counts = [("none", 2, 3, 0, False, 0.0, 0.0, 0, (), False)], [0]
+        keys, counts = [("none", 2, 3, 0, False, 0.0, 0.0, 0, (), False, False)], [0]
     arr = list(zip(*keys))
     shape = np.empty(len(keys), dtype=object)
     shape[:] = list(arr[8])
@@ -235,6 +240,7 @@ def summarize(trace) -> OpTable:
                     np.array(arr[3]), np.array(arr[4], bool), np.array(arr[5], float),
                     np.array(arr[6], float), np.array(counts), np.array(arr[7], dtype=np.int64),
                     shape, recompute=np.array(arr[9], dtype=bool),
+                    cast=np.array(arr[10], dtype=bool),
                     meta={"model_flops": float(trace.model_flops),
                           "gradient_bytes": float(trace.gradient_bytes),
                           "params_total": int(trace.params_total),

@@ -28,7 +28,8 @@ compute capability against Ampere's), `attn_head_dim_half` and `attn_seq_half`
 (FlashAttention-2's published curves), `cuda_launch_s` and `host_dispatch` (PyTorch's dispatch
 cost per path, scripts/host_dispatch.py; a checkpointed block's rerun op,
 scripts/host_paths.py), `overlap_slowdown` (compute overlapping a collective runs this much slower:
-predict/comm.py, arXiv:2507.03114).
+predict/comm.py, arXiv:2507.03114), `cast_bw` (TensorIterator's dynamic-casting loop against the
+vectorized one, trace/casting.py: PyTorch's own timings of the copies two PRs moved between them).
 
 A missing optional value takes the neutral default below (what the model computes without it:
 no convolution penalty, no per-kernel time); the calibration script builds a `TimeParams` from
@@ -91,6 +92,7 @@ class TimeParams:
     nchw_passes: float = 0.0
     conv_hopper: float = 1.0
     gdirect_emax: float | None = None       # None: cuda_emax
+    cast_bw: float = 1.0                    # 1: a casting loop streams as a vectorized one
     attn_head_dim_half: float = 0.0
     attn_seq_half: float = 0.0
     cuda_launch_s: float = 0.0

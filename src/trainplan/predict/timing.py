@@ -5,7 +5,7 @@ from its shape and bytes (op_times), and the step runs them through the host/dev
 (predict/host.py: the host issues kernels, the device runs them behind it):
 
     t_kernel = max(t_compute, t_memory) + kernel_s
-    t_memory = bytes x passes / (bandwidth x bw_eff)
+    t_memory = bytes x passes / (bandwidth x bw_eff)   (/ cast_bw: a dynamic-casting loop)
     t_compute: a GEMM or convolution tiled over the SMs (predict/kernels.py: wave and tile
                quantisation, split-K, a wave's fixed prologue/epilogue, smaller tiles'
                efficiency) at the device's measured matmul ceiling (on CUDA cores: its
@@ -245,7 +245,9 @@ def op_times(table: OpTable, accel, precision: Precision, p: TimeParams
                     at the device's measured FP32 matmul ceiling (fp32_ceiling), a
                     convolution at cuDNN's (`cuda_emax`, fitted: Winograd's 3x3 kernels do
                     fewer multiplications than the direct FLOPs counted, so it is no matmul's)
-        t_memory  = bytes x passes / (bandwidth x bw_eff)
+        t_memory  = bytes x passes / (bandwidth x bw_eff), x 1 / cast_bw for an elementwise op
+                    CUDA runs through its dynamic-casting loop (trace/casting.py: scalar loads
+                    where the others are vectorized; `cast_bw` measured by PyTorch's developers)
         t_device  = max(t_compute, t_memory) + kernel_s x kernels launched
 
     `kernel_s` is the fixed device time of a kernel (launch latency, ramp-up, tail), why small
@@ -296,7 +298,7 @@ def op_times(table: OpTable, accel, precision: Precision, p: TimeParams
         t_c[st.attn] = f[st.attn] / (st.peak[st.attn] * attention_emax(accel, p) * eff) * \
             st.attn_waves
     t_m = table.bytes / np.where(k == K_NORM, accel.memory_bandwidth_bytes_per_s
-                                 * p.norm_bandwidth, bw)
+                                 * p.norm_bandwidth, np.where(table.cast, bw * p.cast_bw, bw))
     if not table.meta.get("channels_last", True):
         t_m = t_m * np.where(gc > 0, 1.0 + p.nchw_passes, 1.0)
     return np.maximum(t_c, t_m) + p.kernel_s * st.launches, t_c >= t_m

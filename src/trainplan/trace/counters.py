@@ -28,6 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from . import moe
+from .casting import dynamic_casting
 from .log import Alloc, Event, Free, GradientMade, Mark, Reset, Retag
 from .ops import ATTENTION_OPS, VIEW_OPS, OpRecord, _group_channels, op_family, op_flops
 from .shapes import kernel_shape
@@ -361,7 +362,8 @@ class StepCounter(TorchDispatchMode):
         record = OpRecord(str(packet).split(".")[-1], op_family(packet), phase, flops,
                           float(nbytes), dtype.replace("torch.", ""), mod, self.recompute,
                           _group_channels(packet, args), last, shape, self.host_pending,
-                          entered - self.modules_at)
+                          entered - self.modules_at,
+                          dynamic_casting(func, packet, args, ins, written))
         if windows > 1:
             self._per_window(record, windows, ins, written)
         else:

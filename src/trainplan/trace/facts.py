@@ -50,6 +50,10 @@ class OpRecord(NamedTuple):
     # the model's own code between kernels (predict/host.py `module_s`); forward and a
     # checkpointed block's rerun only, as the backward runs no module code
     host_modules: int = 0
+    # CUDA runs it through TensorIterator's dynamic-casting loop (trace/casting.py): an
+    # elementwise op whose tensors mix floating dtypes, or a half-to-float copy; scalar loads,
+    # no vector ones (predict/timing.py `cast_bw`)
+    cast: bool = False
 
     def copied(self, **changes) -> OpRecord:
         """A copy with `changes`: what `_replace` gives, in two thirds of its time (0.61 against

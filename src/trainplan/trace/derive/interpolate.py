@@ -38,17 +38,17 @@ def same_shape_family(lo: Trace, hi: Trace) -> bool:
 
 def family_key(tr: Trace) -> bytes:
     """What `same_shape_family` compares, as one digest: the counts of ops, events, memory log
-    entries and module rows, the phases, each op's name, phase, dtype and recompute flag, and
-    each event's storage serial and whether it allocates or frees. Made where a real trace is
-    made (replays.py `prepare`) and stored with it (TraceDerived.family), so that a plan from
-    stored traces compares two anchors without unpickling their op records and events (48
+    entries and module rows, the phases, each op's name, phase, dtype, recompute and casting
+    flags, and each event's storage serial and whether it allocates or frees. Made where a real
+    trace is made (replays.py `prepare`) and stored with it (TraceDerived.family), so that a plan
+    from stored traces compares two anchors without unpickling their op records and events (48
     pairs, 0.8 s of a 3.9 s warm Llama-3.2-1B plan over every platform, before)."""
     key = tr.derived.family
     if key is None:
         h = hashlib.blake2b(digest_size=16)
         h.update(repr((len(tr.ops), len(tr.log.events), len(tr.log.memory), len(tr.modules),
                        sorted(tr.phase_peaks))).encode())
-        h.update(repr([(o.name, o.phase, o.dtype, o.recompute) for o in tr.ops]).encode())
+        h.update(repr([(o.name, o.phase, o.dtype, o.recompute, o.cast) for o in tr.ops]).encode())
         h.update(repr([(e.serial, e.nbytes > 0) for e in tr.log.events]).encode())
         key = tr.derived.family = h.digest()
     return key
