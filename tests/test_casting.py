@@ -87,3 +87,9 @@ def test_a_traced_autocast_step_marks_its_casting_ops_and_the_time_model_prices_
     memory_bound = cast & (table.flops == 0)
     assert t2[memory_bound] == pytest.approx(2 * t1[memory_bound])
     assert np.array_equal(t1[~cast], t2[~cast])
+    # the loop is CUDA's: XLA fuses elementwise ops, ROCm runs its own loops
+    for other in ("tpu-v5e-1", "mi300x"):
+        accel = get_accelerator(other)
+        assert accel.backend != "cuda"
+        assert np.array_equal(op_times(table, accel, job.precision, p)[0],
+                              op_times(table, accel, job.precision, slow)[0])

@@ -247,7 +247,8 @@ def op_times(table: OpTable, accel, precision: Precision, p: TimeParams
                     fewer multiplications than the direct FLOPs counted, so it is no matmul's)
         t_memory  = bytes x passes / (bandwidth x bw_eff), x 1 / cast_bw for an elementwise op
                     CUDA runs through its dynamic-casting loop (trace/casting.py: scalar loads
-                    where the others are vectorized; `cast_bw` measured by PyTorch's developers)
+                    where the others are vectorized; `cast_bw` measured by PyTorch's developers;
+                    on NVIDIA GPUs only, as XLA, ROCm and MPS run other kernels)
         t_device  = max(t_compute, t_memory) + kernel_s x kernels launched
 
     `kernel_s` is the fixed device time of a kernel (launch latency, ramp-up, tail), why small
@@ -297,8 +298,11 @@ def op_times(table: OpTable, accel, precision: Precision, p: TimeParams
             * st.attn_keys / (st.attn_keys + s_half)
         t_c[st.attn] = f[st.attn] / (st.peak[st.attn] * attention_emax(accel, p) * eff) * \
             st.attn_waves
+    # the casting loop is CUDA's (CUDALoops.cuh): XLA fuses elementwise ops, ROCm and MPS run
+    # their own loops, which the measured rate does not describe
+    cast = table.cast if accel.backend == "cuda" else False
     t_m = table.bytes / np.where(k == K_NORM, accel.memory_bandwidth_bytes_per_s
-                                 * p.norm_bandwidth, np.where(table.cast, bw * p.cast_bw, bw))
+                                 * p.norm_bandwidth, np.where(cast, bw * p.cast_bw, bw))
     if not table.meta.get("channels_last", True):
         t_m = t_m * np.where(gc > 0, 1.0 + p.nchw_passes, 1.0)
     return np.maximum(t_c, t_m) + p.kernel_s * st.launches, t_c >= t_m
