@@ -239,6 +239,12 @@ def _timm_other_model(model: str) -> dict:
 DLE_INCONSISTENT = {("efficientnet-b4", "V100-SXM2-32GB (DGX-1)", "1")}
 
 
+def _dle_inconsistent(r: dict) -> dict:
+    if (r["model"], r["gpu"], r["num_gpus"]) in DLE_INCONSISTENT:
+        return dict(split="inconsistent", why="the table's own strong scaling to 8 GPUs is 17.6x")
+    return dict(split="fit")
+
+
 def _dle_gpu(g: str) -> str:
     return "v100-sxm2-16gb" if "16GB" in g else "v100-sxm2-32gb"
 
@@ -285,11 +291,7 @@ def dle_rows() -> list[dict]:
                         seq=None, family="convnet", task=None, attention="math",
                         optimizer="adam" if "RMSprop" in r["optimizer"] else "sgd-momentum",
                         channels_last=prec != "fp32", measured=float(r["value"]),
-                        unit="samples/s",
-                        **(dict(split="inconsistent",
-                                why="the table's own strong scaling to 8 GPUs is 17.6x")
-                           if (r["model"], r["gpu"], r["num_gpus"]) in DLE_INCONSISTENT
-                           else dict(split="fit")),
+                        unit="samples/s", **_dle_inconsistent(r),
                         label=f"{r['model']} {prec} {r['gpu'][:14]} x{n} b{r['batch_size']}"))
     return out
 

@@ -152,8 +152,9 @@ def attention_emax(accel, p: TimeParams) -> float:
 class _Static:
     """What op_times reads off an op table on one accelerator and precision that no parameter
     changes: rates, kernel classes, the GEMM grid (kernels.gemm_grid), each attention kernel's
-    wave quantisation, head dimension and keys, each multi-tensor op's launches. Memoised on the
-    table (a fit times it thousands of times)."""
+    wave quantisation, head dimension and keys, each multi-tensor op's launches, the ops run
+    through CUDA's dynamic-casting loop. Memoised on the table (a fit times it thousands of
+    times)."""
 
     classes: np.ndarray
     peak: np.ndarray             # FLOP/s of each op's dtype and unit (tensor or CUDA cores)
@@ -170,6 +171,7 @@ class _Static:
     attn_head_dim: np.ndarray
     attn_keys: np.ndarray        # keys one work item walks (causal: the mean over its rows)
     launches: np.ndarray
+    cast: np.ndarray             # ops streamed at `cast_bw` (trace/casting.py; CUDA only)
 
 
 def _static(table: OpTable, accel, precision: Precision) -> _Static:
@@ -208,6 +210,9 @@ def _static(table: OpTable, accel, precision: Precision) -> _Static:
     launches = np.ones(len(table.flops))
     for i in np.flatnonzero(k == K_OPTIM):
         launches[i] = kernels.foreach_launches(table.shape[i], table.bytes[i] / 4.0)
+    # the casting loop is CUDA's (CUDALoops.cuh): XLA fuses elementwise ops, ROCm and MPS run
+    # their own loops, which the measured rate does not describe
+    cast = table.cast & (accel.backend == "cuda")
     memo[key] = _Static(
         k, pk, tc, groups.astype(float), direct, sms, owner,
         kernels.gemm_grid(dims, sms) if sms and len(dims) else None, dims,
@@ -217,7 +222,7 @@ def _static(table: OpTable, accel, precision: Precision) -> _Static:
         np.array([table.shape[i][5] if len(table.shape[i]) > 5 else 128 for i in attn],
                  dtype=float),
         np.array([kernels.attention_keys(table.shape[i]) for i in attn], dtype=float),
-        launches)
+        launches, cast)
     return memo[key]
 
 
@@ -298,11 +303,8 @@ def op_times(table: OpTable, accel, precision: Precision, p: TimeParams
             * st.attn_keys / (st.attn_keys + s_half)
         t_c[st.attn] = f[st.attn] / (st.peak[st.attn] * attention_emax(accel, p) * eff) * \
             st.attn_waves
-    # the casting loop is CUDA's (CUDALoops.cuh): XLA fuses elementwise ops, ROCm and MPS run
-    # their own loops, which the measured rate does not describe
-    cast = table.cast if accel.backend == "cuda" else False
     t_m = table.bytes / np.where(k == K_NORM, accel.memory_bandwidth_bytes_per_s
-                                 * p.norm_bandwidth, np.where(cast, bw * p.cast_bw, bw))
+                                 * p.norm_bandwidth, np.where(st.cast, bw * p.cast_bw, bw))
     if not table.meta.get("channels_last", True):
         t_m = t_m * np.where(gc > 0, 1.0 + p.nchw_passes, 1.0)
     return np.maximum(t_c, t_m) + p.kernel_s * st.launches, t_c >= t_m
