@@ -350,6 +350,7 @@ def llm_rows() -> list[dict]:
                         accum=int(r["GradAccum"]),
                         ckpt="full" if r["Activation Checkpointing"] == "True" else "none",
                         strategy="fsdp", attention="flash", channels_last=False, task=None,
+                        internode_gbps=stated_gbps(r["section"]),
                         # Composer never enters no_sync under FSDP: each micro-batch's
                         # gradients are reduce-scattered (Strategy.reduces_each_micro_batch)
                         sync_each_batch=True,
@@ -461,6 +462,14 @@ def _mode(ck: str) -> str:
     return "selective" if word.startswith("selective") else word
 
 
+def stated_gbps(text: str) -> float | None:
+    """The network between nodes where a source states it ("128 GPUs with 400 Gbps inter-node",
+    fms-fsdp's README; "1600 Gbps node-node interconnect", llm-foundry's table headings): Gbit/s
+    a node (Job.internode_gbps); None where unstated (predict/comm.py's default)."""
+    m = re.search(r"(\d+) Gbps (?:inter-node|node-node)", text)
+    return float(m.group(1)) if m else None
+
+
 def extra_rows(with_skipped: bool = False) -> list[dict]:
     out, skipped = [], []
     for r in csv.DictReader(open(DATA / "published_throughput_extra.csv")):
@@ -495,6 +504,7 @@ def extra_rows(with_skipped: bool = False) -> list[dict]:
         elif unit.startswith("samples/s"):
             unit = "samples/s"
         out.append(dict(source=extra_source(r["source_id"]), gpu=r["gpu"], n=n, jobkw=tuple(sorted(kw.items())),
+                        internode_gbps=stated_gbps(r["notes"]),
                         model=kw["model"], family="extra", precision=r["precision"],
                         batch=int(r["micro_batch"]), accum=int(r["grad_accum"]),
                         strategy=r["strategy"], dims=None, seq=int(r["seq_len"]),
@@ -656,9 +666,12 @@ _JOBS: dict = {}
 
 
 def _job_cache(r: dict):
-    key = trace_key(r) + f"|{r['n']}|{r['strategy']}|{r['accum']}|{r.get('sync_each_batch')}"
+    key = trace_key(r) + f"|{r['n']}|{r['strategy']}|{r['accum']}|{r.get('sync_each_batch')}" \
+        f"|{r.get('internode_gbps')}"
     if key not in _JOBS:
-        _JOBS[key] = make_job(r, r["n"], r["strategy"], r["accum"])
+        job = make_job(r, r["n"], r["strategy"], r["accum"])
+        # the cluster's network where the source states it (not traced: timing only)
+        _JOBS[key] = job.with_(internode_gbps=r.get("internode_gbps"))
     return _JOBS[key]
 
 

@@ -82,6 +82,9 @@ class Job:
     quantize: Quantization = quant_mod.NONE   # parsed from any spelling on construction
     frozen_half: str = "none"            # frozen parameters in 16 bits under AMP (FROZEN_HALF)
     moe_capacity_factor: float | None = None  # None: dropless, uniform routing (trace/moe.py)
+    # the network between nodes, Gbit/s per 8-GPU node each way, as clusters are sold ("400 Gbps
+    # EFA"): None is predict/comm.py's default; only jobs over more than one node use it
+    internode_gbps: float | None = None
     channels_last: bool = False
     # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where the job runs (torchtitan's launcher
     # sets it): CUDA's allocator grows one segment instead of caching one per request
@@ -249,6 +252,9 @@ def check_lora(lora: Lora, where: str | None = None) -> None:
                 "lora: {dropout: 0.05} in the job file (peft's examples)")
 
 
+MAX_INTERNODE_GBPS = 100_000       # 8 x 1.6 Tbit/s NICs is 12,800: room, not a typo's 10^9
+
+
 def validate(job: Job) -> Job:
     """Check every setting; normalise aliases. Raises TrainplanError naming the bad setting."""
     job = job.with_(model=normalize_model_ref(job.model))   # `path/config.json` -> `hf:path/...`
@@ -283,6 +289,12 @@ def validate(job: Job) -> Job:
     if job.moe_capacity_factor is not None:
         from .trace.moe import Routing
         Routing(job.moe_capacity_factor)       # raises TrainplanError for c < 1
+    if job.internode_gbps is not None and not (0 < job.internode_gbps <= MAX_INTERNODE_GBPS):
+        raise TrainplanError(f"internode_gbps must be a positive number of Gbit/s a node, got "
+                             f"{job.internode_gbps:g}.",
+                             allowed=f"above 0, at most {MAX_INTERNODE_GBPS:,}",
+                             fix="write the nodes' network as sold, e.g. 400 (4 x 100 Gbit/s "
+                                 "EFA) or 3200 (8 x 400 Gbit/s InfiniBand)")
     if job.quantize != "none" and job.lora is None:
         raise TrainplanError(f"--quantize {job.quantize} freezes the base weights, so it needs LoRA "
                              "adapters to train.", fix="add --lora-rank 16 (QLoRA)")

@@ -63,6 +63,9 @@ def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) ->
     g.add_argument("--moe-capacity-factor", type=float,
                    help="mixture-of-experts: tokens per expert = factor x the uniform share "
                         "(default: dropless, uniform routing)")
+    g.add_argument("--internode-gbps", type=float,
+                   help="the network between nodes, Gbit/s per 8-GPU node each way (e.g. 400 "
+                        "for 4 x 100G EFA; default 1600): jobs over more than one node")
     g.add_argument("--algorithm", help="|".join(ALGORITHMS) + " (default sft; grpo/ppo generate "
                                        "completions every step, dpo runs chosen and rejected)")
     g.add_argument("--generations", type=int, help="grpo/ppo: completions per prompt (TRL "
@@ -117,6 +120,7 @@ _MAP = {"gpu": "gpu", "gpus": "gpus", "strategy": "strategy", "offload": "offloa
         "expandable_segments": "expandable_segments", "sync_each_batch": "sync_each_batch",
         "task": "task",
         "moe_capacity_factor": "moe_capacity_factor", "expert_parallel": "expert_parallel",
+        "internode_gbps": "internode_gbps",
         "algorithm": "algorithm"}
 _ROLLOUT_FLAGS = {"generations": "generations", "prompt_len": "prompt_len",
                   "completion_len": "completion_len", "engine": "engine", "beta": "beta"}

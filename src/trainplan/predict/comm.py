@@ -15,6 +15,12 @@ DDP_BUCKET_BYTES = 25 * 2**20      # torch DDP bucket_cap_mb default (25 MiB): l
 NODE_NIC_BYTES_PER_S = 200e9       # per 8-GPU node across nodes: 1600 Gbit/s RoCE (S34 setup)
 
 
+def node_bytes_per_s(job) -> float:
+    """The network between nodes, bytes/s per node each way: the job's `internode_gbps` (Gbit/s,
+    as clusters are sold), else NODE_NIC_BYTES_PER_S."""
+    return NODE_NIC_BYTES_PER_S if job.internode_gbps is None else job.internode_gbps * 1e9 / 8
+
+
 def link_fraction(accel) -> float:
     """Achievable share of the link's per-direction spec for NCCL collectives (S02, S39)."""
     ic = accel.interconnect.lower()
@@ -23,19 +29,21 @@ def link_fraction(accel) -> float:
     return 0.5              # PCIe ring without NVLink: poor utilisation (S39); assumed, not measured
 
 
-def collective_s(kind: str, payload_bytes: float, n: int, accel) -> float:
+def collective_s(kind: str, payload_bytes: float, n: int, accel,
+                 node_bytes: float = NODE_NIC_BYTES_PER_S) -> float:
     """Ring collective time: all-reduce 2(n-1)/n x payload, reduce-scatter/all-gather (n-1)/n (S02).
 
     Across nodes (n > 8 GPUs) NCCL runs one ring per NIC (channel); each ring enters and leaves a
     node once, so a NIC carries 1/8 of the ring traffic while NVLink carries all of it: the
     node's aggregate NIC bandwidth stands in for the per-GPU link, t = factor x payload /
-    min(link, node NIC). With 1600 Gbit/s per node (S34) that is 200 GB/s, below NVLink 3.
+    min(link, node NIC). With 1600 Gbit/s per node (S34) that is 200 GB/s, below NVLink 3;
+    `node_bytes` is the job's network (node_bytes_per_s).
     """
     if n <= 1 or payload_bytes <= 0:
         return 0.0
     bw = accel.interconnect_bytes_per_s or 0.0
     if accel.kind == "gpu" and n > DEVICES_PER_NODE:
-        bw = min(bw, NODE_NIC_BYTES_PER_S)
+        bw = min(bw, node_bytes)
     if bw <= 0:
         raise TrainplanError(f"No interconnect bandwidth for {accel.id!r}.",
                              fix="add interconnect_bytes_per_s to data/accelerators.csv")
@@ -85,6 +93,12 @@ def exposed_comm(job, accel, meta, n, t_fwd, t_bwd, slowdown: float = 0.0
         notes.append(f"expert parallelism over {job.expert_parallel} GPUs: 4 all-to-alls of the "
                      "routed tokens per MoE layer and micro-batch, not overlapped")
     exposed, host, more = _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd)
+    if accel.kind == "gpu" and n > DEVICES_PER_NODE:
+        gbps = job.internode_gbps
+        notes.append(f"between nodes {gbps:,.0f} Gbit/s a node (the job's internode_gbps)"
+                     if gbps is not None else
+                     f"between nodes {NODE_NIC_BYTES_PER_S * 8 / 1e9:,.0f} Gbit/s a node "
+                     "(assumed; set internode_gbps to your cluster's)")
     if slowdown > 0 and (t_fwd > 0 or t_bwd > 0):
         hidden = _data_parallel_comm(job, accel, meta, n, 0.0, 0.0)[0] - exposed
         if hidden > 0:
@@ -94,18 +108,19 @@ def exposed_comm(job, accel, meta, n, t_fwd, t_bwd, slowdown: float = 0.0
     return exposed + a2a * max(1, int(job.grad_accum)), host, notes + more
 
 
-def replica_all_reduce_s(gradient_bytes: float, n: int, g: int, accel) -> float:
+def replica_all_reduce_s(gradient_bytes: float, n: int, g: int, accel,
+                         node_bytes: float = NODE_NIC_BYTES_PER_S) -> float:
     """Hybrid FSDP's all-reduce between replicas: after the reduce-scatter within a node, the
     g ranks of each node all-reduce their 1/g shard with the same rank of every other node
     (n / g replicas; torch FSDP1 `_post_reduce_grad_callback` / FSDP2 on a 2-D mesh). The g rings
     run at once through the node's NIC, so it carries 2(r-1)/r x (G/g) x g = 2(r-1)/r x G per
-    direction, at NODE_NIC_BYTES_PER_S; 0 on one node (g = n)."""
+    direction, at the node's network (`node_bytes`); 0 on one node (g = n)."""
     if g >= n or gradient_bytes <= 0:
         return 0.0
     r = n / g
     if accel.kind != "gpu":
-        return collective_s("all_reduce", gradient_bytes / g, max(2, round(r)), accel)
-    return 2.0 * (r - 1) / r * gradient_bytes / NODE_NIC_BYTES_PER_S
+        return collective_s("all_reduce", gradient_bytes / g, max(2, round(r)), accel, node_bytes)
+    return 2.0 * (r - 1) / r * gradient_bytes / node_bytes
 
 
 def _all_to_all_s(job, accel, meta) -> float:
@@ -117,13 +132,15 @@ def _all_to_all_s(job, accel, meta) -> float:
     elements = meta.get("moe_dispatch_elements", 0)
     if ep <= 1 or not elements:
         return 0.0
-    return 4 * collective_s("all_to_all", elements * job.precision.compute_bytes, ep, accel)
+    return 4 * collective_s("all_to_all", elements * job.precision.compute_bytes, ep, accel,
+                            node_bytes_per_s(job))
 
 
 def _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float, list]:
     """The data-parallel strategy's collectives (`exposed_comm` says what each exposes); no host
     overhead of their own (the second value, 0)."""
     strat, notes = job.strategy, []
+    node = node_bytes_per_s(job)
     k = max(1, int(job.grad_accum))
     syncs = k if strat.reduces_each_micro_batch(job.sync_each_batch) else 1
     grads = meta["gradient_bytes"]
@@ -131,34 +148,34 @@ def _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd) -> tuple[float, float
     p_compute = meta["params_total"] * b
     g_compute = meta.get("params_trainable", meta["params_total"]) * b
     if strat is DP:
-        per_mb = (collective_s("all_gather", meta["weight_bytes"] * n / (n - 1), n, accel)
-                  + collective_s("reduce_scatter", grads * n / (n - 1), n, accel))
+        per_mb = (collective_s("all_gather", meta["weight_bytes"] * n / (n - 1), n, accel, node)
+                  + collective_s("reduce_scatter", grads * n / (n - 1), n, accel, node))
         notes.append("DataParallel: one process, GIL-bound threads launch every device's kernels")
         return per_mb * k, 0.0, notes
     if strat is DDP or accel.kind == "tpu" and not strat.shards_weights:
-        total = collective_s("all_reduce", grads, n, accel)
-        last = collective_s("all_reduce", min(grads, DDP_BUCKET_BYTES), n, accel)
+        total = collective_s("all_reduce", grads, n, accel, node)
+        last = collective_s("all_reduce", min(grads, DDP_BUCKET_BYTES), n, accel, node)
         return (last + max(0.0, total - last - t_bwd)) * syncs, 0.0, notes
     if strat.shards_optimizer and not strat.shards_weights:
-        total = collective_s("reduce_scatter", grads, n, accel)
-        last = collective_s("reduce_scatter", min(grads, DDP_BUCKET_BYTES), n, accel)
+        total = collective_s("reduce_scatter", grads, n, accel, node)
+        last = collective_s("reduce_scatter", min(grads, DDP_BUCKET_BYTES), n, accel, node)
         rs = (last + max(0.0, total - last - t_bwd)) * syncs
-        ag = collective_s("all_gather", p_compute, n, accel)
+        ag = collective_s("all_gather", p_compute, n, accel, node)
         notes.append(f"ZeRO-{strat.order}: gradients reduce-scattered during backward, updated "
                      "parameters all-gathered after the optimizer step")
         return rs + ag, 0.0, notes
     g = strat.shard_devices(n)      # all n, or one node's under hybrid FSDP
-    ag = collective_s("all_gather", p_compute, g, accel)
-    rs = collective_s("reduce_scatter", g_compute, g, accel)
-    ar = replica_all_reduce_s(g_compute, n, g, accel)
+    ag = collective_s("all_gather", p_compute, g, accel, node)
+    rs = collective_s("reduce_scatter", g_compute, g, accel, node)
+    ar = replica_all_reduce_s(g_compute, n, g, accel, node)
     # the first unit's all-gather has no compute to hide behind: the largest wrapped block's
     # parameters, in the compute dtype (trace.largest_block_param_bytes is in the stored one)
     unit = meta.get("largest_block_param_bytes", 0.0) * p_compute / max(meta["weight_bytes"], 1.0)
-    first = collective_s("all_gather", min(p_compute, unit or p_compute), g, accel)
+    first = collective_s("all_gather", min(p_compute, unit or p_compute), g, accel, node)
     # ... nor the last unit's gradient reduce-scatter (the first block, last in backward)
     last_unit = min(g_compute, unit or g_compute)
-    last = collective_s("reduce_scatter", last_unit, g, accel) \
-        + replica_all_reduce_s(last_unit, n, g, accel)
+    last = collective_s("reduce_scatter", last_unit, g, accel, node) \
+        + replica_all_reduce_s(last_unit, n, g, accel, node)
     synced = first + last + max(0.0, ag - t_fwd) + max(0.0, ag + rs + ar - t_bwd)
     unsynced = first + max(0.0, ag - t_fwd) + max(0.0, ag - t_bwd)     # under no_sync
     if g < n:
