@@ -94,11 +94,9 @@ def exposed_comm(job, accel, meta, n, t_fwd, t_bwd, slowdown: float = 0.0
                      "routed tokens per MoE layer and micro-batch, not overlapped")
     exposed, host, more = _data_parallel_comm(job, accel, meta, n, t_fwd, t_bwd)
     if accel.kind == "gpu" and n > DEVICES_PER_NODE:
-        gbps = job.internode_gbps
-        notes.append(f"between nodes {gbps:,.0f} Gbit/s a node (the job's internode_gbps)"
-                     if gbps is not None else
-                     f"between nodes {NODE_NIC_BYTES_PER_S * 8 / 1e9:,.0f} Gbit/s a node "
-                     "(assumed; set internode_gbps to your cluster's)")
+        how = "the job's internode_gbps" if job.internode_gbps is not None else \
+            "assumed; set internode_gbps to your cluster's"
+        notes.append(f"between nodes {node_bytes_per_s(job) * 8 / 1e9:,.0f} Gbit/s a node ({how})")
     if slowdown > 0 and (t_fwd > 0 or t_bwd > 0):
         hidden = _data_parallel_comm(job, accel, meta, n, 0.0, 0.0)[0] - exposed
         if hidden > 0:
