@@ -38,8 +38,9 @@ def fp8_transpose(accel: Accelerator) -> bool:
     return not (10.0 <= cc < 12.0 or cc >= 13.0)
 
 
-# backends traced with CUDA's softmax, cross-entropy and fused RMSNorm (KernelSemantics
-# cuda_softmax, fused_rms_norm): CUDA's and ROCm's (their tensors answer is_cuda) and XLA's, which
+# backends traced with CUDA's softmax, cross-entropy, fused RMSNorm and layout rules
+# (KernelSemantics cuda_softmax, fused_rms_norm, cuda_layouts): CUDA's and ROCm's (their tensors
+# answer is_cuda; ATen picks group norm's layout by `is_cpu()`) and XLA's, which
 # fuses those ops into computations that keep no more than the fused kernels do (the CPU build's
 # composites keep every intermediate, as no TPU program does); a TPU's fp16 job is then traced as
 # a GPU's bf16 one (trace/derive/twins.py). MPS runs the composites.
@@ -63,7 +64,8 @@ def semantics_for(job, accel: Accelerator) -> KernelSemantics:
         return KernelSemantics(attention="eager", autocast_dtype=autocast if accel.kind != "tpu"
                                or autocast is None else "bfloat16",
                                channels_last=bool(job.channels_last),
-                               cuda_softmax=cuda_kernels, fused_rms_norm=cuda_kernels)
+                               cuda_softmax=cuda_kernels, fused_rms_norm=cuda_kernels,
+                               cuda_layouts=cuda_kernels)
     if accel.kind == "tpu":
         autocast = "bfloat16" if autocast is not None else None
         attention = "efficient" if job.attention in ("auto", "sdpa", "flash") else job.attention
@@ -77,5 +79,6 @@ def semantics_for(job, accel: Accelerator) -> KernelSemantics:
                            channels_last=bool(job.channels_last),
                            optimizer_foreach=accel.backend != "mps",
                            cuda_softmax=cuda_kernels, fused_rms_norm=cuda_kernels,
-                           fp8=fp8, fp8_transpose=bool(fp8) and fp8.startswith("te-")
+                           cuda_layouts=cuda_kernels, fp8=fp8,
+                           fp8_transpose=bool(fp8) and fp8.startswith("te-")
                            and fp8_transpose(accel))

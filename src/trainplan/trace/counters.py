@@ -4,8 +4,10 @@
 
 * an `OpRecord` (ops.py): its family, FLOPs (`op_flops`), bytes read and written (inputs +
   outputs of ops that launch a kernel; views launch none), the kernel's shape (shapes.py), the
-  module running, and the kernel-less ops the host dispatched before it; MoE grouped GEMMs run as
-  CUDA runs them for fp32/fp16 operands, which PyTorch's meta kernel refuses (trace/moe.py);
+  module running, and the kernel-less ops the host dispatched before it; a convolution's bytes
+  include the transposes CUDA makes of an operand not in its layout (cuda_layout.py); MoE
+  grouped GEMMs run as CUDA runs them for fp32/fp16 operands, which PyTorch's meta kernel
+  refuses (trace/moe.py);
 * live memory: every new output storage is added, rounded up to the CUDA caching allocator's
   512-byte granularity, and removed by a `weakref.finalize` on the storage when PyTorch frees it.
   Each storage carries a category (weights, gradients, optimizer_states, activations,
@@ -29,6 +31,7 @@ from torch.utils._pytree import tree_flatten
 
 from . import moe
 from .casting import dynamic_casting
+from .cuda_layout import conv_outputs, conversion_bytes
 from .log import Alloc, Event, Free, GradientMade, Mark, Reset, Retag
 from .ops import ATTENTION_OPS, VIEW_OPS, OpRecord, _group_channels, op_family, op_flops
 from .shapes import kernel_shape
@@ -116,6 +119,8 @@ class StepCounter(TorchDispatchMode):
         self.phase = "setup"           # and `block`, the cut stack's block running: -1;
                                        # `host_pending`, kernel-less ops since the last record: 0
         self.recompute = False
+        self.cuda_layouts = False      # a convolution's own layout conversions counted (set by
+                                       # the tracer from KernelSemantics, cuda_layout.py)
         self.grad_pending = (-1, 0)    # (records, host_pending) at the last gradient made
                                        # (tracer.py `_gradient_made`)
         self.mt = module_tracker
@@ -327,6 +332,8 @@ class StepCounter(TorchDispatchMode):
         else:
             out = func(*args, **kwargs)
         packet = func._overloadpacket
+        if self.cuda_layouts:          # the layout a CUDA convolution writes (cuda_layout.py)
+            out = conv_outputs(packet, args, out)
         outs = _tensors(out)
         windows = self._windows(packet, args, outs) if self.window_batch or self.window_outs \
             else 1
@@ -346,6 +353,8 @@ class StepCounter(TorchDispatchMode):
         written = _tensors(args[0]) if inplace else outs  # in place: the list is what is written
         nbytes = sum(t.numel() * t.element_size() for t in ins) + \
             sum(t.numel() * t.element_size() for t in written)
+        if self.cuda_layouts:
+            nbytes += conversion_bytes(packet, args)
         flops = op_flops(func, args, kwargs, out, self.unknown_flop_ops)
         dtype = next((str(t.dtype) for t in ins if t.is_floating_point()), "")
         mod = self._module()

@@ -12,6 +12,8 @@ casts it inserts are recorded in the graph exactly as CUDA autocast records them
   (`softmax(q k^T * scale + mask) v`, which materialises the s x s scores);
 * keeps a `mean`'s input for its backward where the target's PyTorch did (before 2.2,
   `KernelSemantics.mean_keeps_input`);
+* runs `F.group_norm` on a channels-last input as CUDA does (`KernelSemantics.cuda_layouts`,
+  trace/cuda_layout.py: NCHW, with the copies its kernel makes);
 * runs softmax, log_softmax and cross-entropy as CUDA does (`KernelSemantics.cuda_softmax`: a
   float16 input read directly into a float32 result; cross-entropy's log-probabilities in the
   input's dtype, copied to float32 for nll_loss) and `F.rms_norm` as its fused kernel
@@ -30,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from . import fused_norm, windows
+from . import cuda_layout, fused_norm, windows
 from .semantics import KernelSemantics
 
 aten = torch.ops.aten
@@ -185,6 +187,16 @@ class TargetSemantics(TorchFunctionMode):
                 return out
         if self.autocast_enabled:
             args, kwargs = self._autocast(name, args, kwargs)
+        if func is F.group_norm and self.sem.cuda_layouts:
+            got = _bound(("input", "num_groups", "weight", "bias", "eps"), args, kwargs)
+            if cuda_layout.takes_copy(got.get("input")):
+                self._inside += 1
+                try:
+                    return cuda_layout.group_norm(got["input"], got["num_groups"],
+                                                  got.get("weight"), got.get("bias"),
+                                                  got.get("eps", 1e-5))
+                finally:
+                    self._inside -= 1
         if func is F.scaled_dot_product_attention:
             self._inside += 1
             try:

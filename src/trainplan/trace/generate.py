@@ -104,6 +104,7 @@ def trace_forward(job, sem: KernelSemantics, batch: int, new_tokens: int,
     dims = kv_dims(job.transformer if reference else model.config)
     kv_dtype = compute_dtype(job.precision)
     counter = StepCounter()
+    counter.cuda_layouts = sem.cuda_layouts
     tracker = _Tracker(model)
     counter.mt = tracker
     layers = model.get_submodule(stack.path) if stack is not None else None

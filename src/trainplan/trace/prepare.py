@@ -49,7 +49,9 @@ def _materialise(model: torch.nn.Module, counter: StepCounter,
             if p is None:
                 continue
             if id(p) not in memo:
-                t = torch.empty(p.shape, dtype=p.dtype, device="cpu")
+                # in the meta parameter's strides: a channels-last model's convolution weights
+                # stay channels-last, as `model.to(memory_format=...)` left them
+                t = torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device="cpu")
                 counter.track(t, "weights")
                 memo[id(p)] = torch.nn.Parameter(t, requires_grad=p.requires_grad)
             mod._parameters[name] = memo[id(p)]

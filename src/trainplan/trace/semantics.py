@@ -60,6 +60,10 @@ class KernelSemantics:
         1/rms (trace/fused_norm.py; PyTorch >= 2.9, pytorch/pytorch#153666, on CUDA and ROCm).
         False: the composite (CPU; MPS under autograd; PyTorch <= 2.8), whose nodes keep the
         normalised input too.
+    cuda_layouts: CUDA's and ROCm's layout rules (trace/cuda_layout.py): group norm makes a
+        channels-last input contiguous and writes NCHW, forward and backward, and a convolution
+        transposes an activation not in the layout cuDNN runs, inside the kernel. False: the CPU
+        device's, which keeps channels-last through a group norm (CPU and MPS targets).
     """
 
     attention: str = "efficient"
@@ -76,6 +80,7 @@ class KernelSemantics:
     cudnn_grouped_direct: bool = False
     cuda_softmax: bool = True
     fused_rms_norm: bool = True
+    cuda_layouts: bool = True
 
     def __post_init__(self):
         if self.autocast_dtype is not None and not isinstance(self.autocast_dtype, str):
@@ -90,7 +95,8 @@ class KernelSemantics:
             (("hf-loss-copies-logits",) if self.hf_loss_copies_logits else ()) + \
             (("cudnn-grouped-direct",) if self.cudnn_grouped_direct else ()) + \
             (() if self.cuda_softmax else ("cpu-softmax",)) + \
-            (() if self.fused_rms_norm else ("rms-composite",))
+            (() if self.fused_rms_norm else ("rms-composite",)) + \
+            (() if self.cuda_layouts else ("cpu-layouts",))
         return base + extra
 
 

@@ -220,6 +220,7 @@ def _set_up(job, semantics: KernelSemantics, routing, depth: int | None) -> _Set
     model = bundle.module
     model.train()
     counter = StepCounter()
+    counter.cuda_layouts = semantics.cuda_layouts
     sem = TargetSemantics(semantics, on_weight_cast=lambda t: counter.track(t, "weight_casts"))
     batch = windows.WindowBatch(counter)
     if windows.install(model, batch):   # alike attention windows as one call (windows.py)
