@@ -29,9 +29,8 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from . import moe
+from . import cuda_layout, moe
 from .casting import dynamic_casting
-from .cuda_layout import conv_outputs, conversion_bytes
 from .log import Alloc, Event, Free, GradientMade, Mark, Reset, Retag
 from .ops import ATTENTION_OPS, VIEW_OPS, OpRecord, _group_channels, op_family, op_flops
 from .shapes import kernel_shape
@@ -332,8 +331,9 @@ class StepCounter(TorchDispatchMode):
         else:
             out = func(*args, **kwargs)
         packet = func._overloadpacket
-        if self.cuda_layouts:          # the layout a CUDA convolution writes (cuda_layout.py)
-            out = conv_outputs(packet, args, out)
+        converted = 0                  # bytes a CUDA convolution's layout conversions move
+        if self.cuda_layouts:          # and the layout it writes (cuda_layout.py)
+            out, converted = cuda_layout.convolution(packet, args, out)
         outs = _tensors(out)
         windows = self._windows(packet, args, outs) if self.window_batch or self.window_outs \
             else 1
@@ -352,9 +352,7 @@ class StepCounter(TorchDispatchMode):
         ins = _tensors(args) + _tensors(tuple(kwargs.values()))
         written = _tensors(args[0]) if inplace else outs  # in place: the list is what is written
         nbytes = sum(t.numel() * t.element_size() for t in ins) + \
-            sum(t.numel() * t.element_size() for t in written)
-        if self.cuda_layouts:
-            nbytes += conversion_bytes(packet, args)
+            sum(t.numel() * t.element_size() for t in written) + converted
         flops = op_flops(func, args, kwargs, out, self.unknown_flop_ops)
         dtype = next((str(t.dtype) for t in ins if t.is_floating_point()), "")
         mod = self._module()

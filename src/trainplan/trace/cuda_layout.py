@@ -22,11 +22,13 @@ The tracer runs on a fake CPU device, and PyTorch decides some layouts by device
   ATen passes `input.contiguous(backend_memory_format)` to it (Convolution.cpp `_convolution`;
   `convolution_backward` converts the saved input and the incoming gradient the same way). So a
   channels-last model's convolution after a group norm reads an NCHW activation and transposes
-  it first, forward and backward. The tracer records a convolution as one op: `conversion_bytes`
-  is what those transposes read and write, added to its bytes (counters.py).
+  it first, forward and backward; so does an NCHW convolution over a channel slice (MixNet's
+  mixed kernels, Res2Net), which is not contiguous. The tracer records a convolution as one op:
+  `convolution` gives its result in cuDNN's layout and the bytes those transposes read and
+  write, added to the op's (counters.py).
 
-`KernelSemantics.cuda_layouts` turns both on (CUDA and ROCm targets, predict/target.py). A model
-traced without channels-last never meets either: its tensors are contiguous throughout.
+`KernelSemantics.cuda_layouts` turns both on (CUDA and ROCm targets, and XLA's, traced alike:
+predict/target.py).
 """
 from __future__ import annotations
 
@@ -38,10 +40,6 @@ from torch._prims_common import suggest_memory_format
 aten = torch.ops.aten
 
 _CONV = (aten.convolution, aten.convolution_backward)
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 class _GroupNorm(torch.autograd.Function):
@@ -97,32 +95,27 @@ def _conv_operands(packet, args):
     return fmt, acts
 
 
-def conversion_bytes(packet, args) -> int:
-    """Bytes a CUDA convolution's own layout conversions read and write: each activation operand
-    (the input; in backward also the incoming gradient) not in the layout cuDNN runs (channels-last
-    where the input or the weight suggests it) is copied into it, one read and one write."""
-    got = _conv_operands(packet, args)
-    if got is None:
-        return 0
-    fmt, acts = got
-    return sum(2 * _nbytes(t) for t in acts if not t.is_contiguous(memory_format=fmt))
-
-
 def _in(t, fmt):
     return t if t is None or t.is_contiguous(memory_format=fmt) else t.contiguous(memory_format=fmt)
 
 
-def conv_outputs(packet, args, out):
-    """A convolution's result (forward), or its input and weight gradients (backward), in the
-    layout cuDNN writes, the one it runs: the CPU device's rule follows the input alone
+def convolution(packet, args, out) -> tuple:
+    """(the op's result in the layout cuDNN writes, bytes its own layout conversions read and
+    write); (`out`, 0) for an op that is not a convolution.
+
+    The layout cuDNN writes is the one it runs: the CPU device's rule follows the input alone
     (torch/_meta_registrations.py `pick_memory_format`: the weight's layout counts only on CUDA),
     so an NCHW activation meeting a channels-last weight would stay NCHW on the CPU and turn
-    channels-last on the GPU; a weight gradient in the weight's layout is taken as the `.grad`
-    without a copy (AccumulateGrad's layout contract)."""
+    channels-last on the GPU. Backward, the input and weight gradients are written in it; a
+    weight gradient in the weight's layout is taken as the `.grad` without a copy
+    (AccumulateGrad's layout contract). Each activation operand (the input; in backward also
+    the incoming gradient) not in that layout is copied into it: one read and one write."""
     got = _conv_operands(packet, args)
     if got is None:
-        return out
-    fmt = got[0]
+        return out, 0
+    fmt, acts = got
+    converted = sum(2 * t.numel() * t.element_size() for t in acts
+                    if not t.is_contiguous(memory_format=fmt))
     if packet is aten.convolution:
-        return _in(out, fmt)
-    return (_in(out[0], fmt), _in(out[1], fmt)) + tuple(out[2:])
+        return _in(out, fmt), converted
+    return (_in(out[0], fmt), _in(out[1], fmt)) + tuple(out[2:]), converted
