@@ -86,15 +86,15 @@ def trace(job, attention="efficient", autocast=None, batch=None):
 
 
 def shallow(model_id: str, layers: int | None = 8,
-            vision: tuple[int, list[int]] | None = None) -> str:
+            vision: tuple[int, list[int]] | None = None, **config) -> str:
     """`hf:` reference of a bundled model's own config.json with `layers` blocks instead of its
     own: the same blocks and head, fewer of them. Checks of a derivation in which the block
     count is a parameter (trace/derive/stitch.py reads L off the model) compare a cut trace with
     a full one of a model this deep, at a fraction of a 16- or 24-block trace's cost. `vision`
     (depth, full-attention block indexes): a Qwen2.5-VL vision tower this deep, with full
     attention in these blocks and windows in the others (`layers` None: the text stack's own
-    depth). Written once to one folder every pytest-xdist worker shares (a trace's store key
-    holds its path)."""
+    depth). `config`: other keys of the config set (a sliding window, say). Written once to one
+    folder every pytest-xdist worker shares (a trace's store key holds its path)."""
     import hashlib
     import json
     import tempfile
@@ -110,6 +110,7 @@ def shallow(model_id: str, layers: int | None = 8,
         depth, full = vision
         cfg["vision_config"] = {**cfg["vision_config"], "depth": depth,
                                 "fullatt_block_indexes": list(full)}
+    cfg.update(config)
     text = json.dumps(cfg, indent=1, sort_keys=True)
     folder = Path(tempfile.gettempdir()) / f"trainplan-tests-{os.getuid()}" / "shallow"
     folder.mkdir(parents=True, exist_ok=True)

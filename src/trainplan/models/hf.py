@@ -210,6 +210,15 @@ def build_hf(job, attention: str = "efficient") -> ModelBundle:
     cfg_dict, canonical, source_note, auto_name, cls, mapped = _planned_class(job)
     config = make_config(cfg_dict)
     attn = "eager" if attention == "eager" else "sdpa"
+    flash_note = None
+    if job.attention == "flash" and attention == "flash":
+        if getattr(cls, "_supports_flash_attn", False):
+            from .hf_flash import register
+            attn = register()        # transformers' flash_attention_2, as the GPU runs it
+        else:                        # transformers refuses flash_attention_2 for it
+            flash_note = (f"{cls.__name__} has no flash_attention_2 path in transformers: "
+                          "--attention flash is traced as its SDPA path, flash kernel where a "
+                          "call can take it")
     if job.seq_len and getattr(config, "max_seq_len", None) and job.seq_len > config.max_seq_len:
         # MPT sizes its ALiBi bias from max_seq_len (a setting, not a weight); llm-foundry sets
         # it to the run's sequence length
@@ -219,7 +228,7 @@ def build_hf(job, attention: str = "efficient") -> ModelBundle:
         # would make the backward's recomputation see different shapes
         for c in {id(config): config, id(_text_config(config)): _text_config(config)}.values():
             c.use_cache = False
-    notes = [n for n in (source_note, mapped) if n]
+    notes = [n for n in (source_note, mapped, flash_note) if n]
     pad = _pad_for_classification(cls, config)
     if pad:
         notes.append(pad)
