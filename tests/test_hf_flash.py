@@ -1,6 +1,8 @@
 """`--attention flash` on an `hf:` model is transformers' flash_attention_2 (models/hf_flash.py):
 the flash-attn kernel with no mask, where transformers' SDPA path masks a sliding window and so
 runs PyTorch's memory-efficient kernel on an s x s bias."""
+import types
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -61,6 +63,7 @@ class _Attention(torch.nn.Module):
 
     def __init__(self, dtype):
         super().__init__()
+        self.config = types.SimpleNamespace()         # an unquantised model's config
         self.q_proj = torch.nn.Linear(8, 8, dtype=dtype)
 
 

@@ -12,9 +12,11 @@ call by call, differs from transformers' SDPA path in three ways:
   (Mistral, Gemma 2 and 3), and a mask takes PyTorch's flash kernel off the table: the
   memory-efficient kernel runs instead, reading an s x s bias (trace/emulation.py `_sdpa`).
 - q, k and v in 16 bits. `get_target_dtype` casts them when they arrive in fp32 (PEFT's fp32
-  norms under QLoRA): to the autocast dtype, else the model's. Under AMP the SDPA call below is
-  itself one autocast casts to 16 bits (it is on CUDA autocast's lower-precision list, and the
-  trace's emulation of autocast casts it so), so only the other cases are cast here.
+  norms under QLoRA): to the autocast dtype, else the model's (its first Linear's weights, or a
+  quantised model's config dtype). Called as the installed release has it; the trace emulates
+  CUDA autocast rather than entering it, so there it answers with the model's dtype, and under AMP
+  the SDPA call below is itself one autocast casts to 16 bits (it is on CUDA autocast's
+  lower-precision list, and the emulation casts it so).
 - the output laid out (batch, seq, heads, head_dim), as the package writes it.
 
 Traced as one `scaled_dot_product_attention` call without a mask (causal where the module is and
@@ -35,26 +37,16 @@ import torch.nn.functional as F
 NAME = "trainplan_fa2"
 
 
-def _target_dtype(query: torch.Tensor, module: torch.nn.Module) -> torch.dtype | None:
-    """transformers' `get_target_dtype` outside autocast (module docstring): the 16-bit dtype
-    fp32 q/k/v are cast to (None: as they are)."""
-    if query.dtype != torch.float32:
-        return None
-    config = getattr(module, "config", None)
-    if config is not None and hasattr(config, "_is_quantized"):
-        return getattr(config, "dtype", None) or torch.bfloat16
-    linear = next((m for m in module.modules() if isinstance(m, torch.nn.Linear)), None)
-    dtype = linear.weight.dtype if linear is not None else torch.float32
-    return dtype if dtype in (torch.float16, torch.bfloat16) else None
-
-
 def flash_attention_2(module, query, key, value, attention_mask, dropout: float = 0.0,
                       scaling: float | None = None, sliding_window: int | None = None,
                       softcap: float | None = None, is_causal: bool | None = None, **kwargs):
     """An attention function of transformers' AttentionInterface: q, k, v (batch, heads, seq,
     head_dim) in, (batch, seq, heads, head_dim) out (module docstring)."""
-    target = _target_dtype(query, module)
-    if target is not None:
+    from transformers.integrations.flash_attention import get_target_dtype
+    target = get_target_dtype(query, module)       # the release's own rule (module docstring)
+    # the kernel takes fp16 and bf16 only; a quantised model built without transformers'
+    # quantizer (no config._is_quantized) would name its packed weights' dtype here
+    if target in (torch.float16, torch.bfloat16) and target != query.dtype:
         query, key, value = (t.to(target) for t in (query, key, value))
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     out = F.scaled_dot_product_attention(
