@@ -595,8 +595,11 @@ def make_job(r: dict, gpus: int = 1, strategy: str = "single", accum: int = 1):
 
 # Every published run predates PyTorch 2.9's fused RMSNorm kernel: traced with the composite
 # `F.rms_norm` they ran (trace/semantics.py BEFORE_TORCH_2_9). Our `measure` runs (torch 2.11)
-# ran the fused one.
-PUBLISHED_KERNELS = BEFORE_TORCH_2_9
+# ran the fused one. Every published run with grouped-query heads copied its K/V to every query
+# head before attention (trace/semantics.py expands_kv): torchtitan's Llama (`repeat_kv`), IBM's
+# foundation-model-stack (`expand(...).flatten`), transformers before 4.54 (fms-acceleration's
+# 4.48.1); our `measure` runs' transformers 5.17 passed them grouped to the flash kernel.
+PUBLISHED_KERNELS = {**BEFORE_TORCH_2_9, "expands_kv": True}
 
 
 def _trace_one(r: dict):

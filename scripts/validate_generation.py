@@ -47,6 +47,19 @@ from trainplan.spec import Job, validate  # noqa: E402
 
 
 ENGINE_MODEL = {"hf": "hf", "vllm": "vllm", "sglang": "vllm"}
+# transformers' SDPA attention copied grouped-query K/V to every query head (`repeat_kv`) until
+# 4.54 (huggingface/transformers#39412, July 2025), which passes them grouped with `enable_gqa`;
+# its flash_attention_2 path, vLLM's and SGLang's kernels never copied them
+# (trace/semantics.py `expands_kv`)
+GROUPED_SDPA_FROM = "2025-07-15"
+
+
+def kernels(row: dict) -> dict:
+    """KernelSemantics fields the row's stack sets over today's: an `hf` row on transformers'
+    SDPA path published before GROUPED_SDPA_FROM ran `repeat_kv`."""
+    old_sdpa = row["engine"] == "hf" and row.get("attention") != "flash" and \
+        row["date"] < GROUPED_SDPA_FROM
+    return {"expands_kv": True} if old_sdpa else {}
 
 
 def load_rows(path: Path = DATA) -> list[dict]:
@@ -73,7 +86,7 @@ def predict(row: dict):
     return estimate_generation(job, get_accelerator(row["gpu"]), prompts=int(row["batch"]),
                                prompt_len=int(row["prompt_len"]),
                                completion_len=int(row["completion_len"]),
-                               engine=ENGINE_MODEL[row["engine"]])
+                               engine=ENGINE_MODEL[row["engine"]], kernels=kernels(row))
 
 
 def stats(errs) -> tuple[int, float, float, float]:

@@ -62,6 +62,11 @@ GB, GIB, MIB = 1e9, 2**30, 2**20
 # the runs of HF's bert-large page (torch <= 1.10), PEFT's README (2023-02), LitGPT's tables
 # (torch 2.1.0) and timm's pt112 benchmark (torch 1.12)
 TORCH_BEFORE_2_2 = {"mean_keeps_input": True}
+# Grouped-query K/V copied to every query head before attention (trace/semantics.py expands_kv):
+# torchtune's MultiHeadAttention (`k.unsqueeze(2).expand(...).flatten(1, 2)`), torchtitan's
+# Llama (`repeat_kv`) and transformers before 4.54 (`repeat_kv`). LitGPT's `expand` stays a
+# view that the flash kernel reads in place, and its Llama 2 rows have no grouped heads anyway.
+EXPANDS_KV = {"expands_kv": True}
 
 # timm benchmark.py (pt112 files): on OOM, batch = timm.utils.decay_batch_step(batch)
 TIMM_DECAY = (512, 384, 256, 192, 128, 96, 64, 48, 32, 24, 16, 12, 8, 6, 4, 3, 2, 1)
@@ -240,7 +245,8 @@ def llm_cases() -> tuple[list[Case], list[NotCovered]]:
                               "Dataset)", job, "a100-sxm4-80gb", "torch2",
                               "peak_allocated_bytes", float(r["value"]) * GIB,
                               "peak active bytes", "plain CrossEntropyLoss, no AC, no compile "
-                              "(techniques before this row)", group="torchtune A100"))
+                              "(techniques before this row)", group="torchtune A100",
+                              kernels=EXPANDS_KV))
     skipped.append(NotCovered(
         "torchtune", "other torchtune rows", len(tt) - 1,
         "baseline: unpacked Alpaca, sequence lengths unknown; later ablation rows use "
@@ -261,7 +267,8 @@ def llm_cases() -> tuple[list[Case], list[NotCovered]]:
                               job, "h100-sxm", "torch2", "peak_reserved_bytes",
                               float(r["value"]) * GIB, "max reserved over ranks",
                               "H100 96 GB HBM2e in the source; capacity does not enter "
-                              "peak_reserved", group="torchtitan FSDP H100"))
+                              "peak_reserved", group="torchtitan FSDP H100",
+                              kernels=EXPANDS_KV))
     skipped.append(NotCovered("torchtitan", "compile / Float8 / TP / PP / CP rows",
                               len(tit) - sum(c.source == "torchtitan" for c in cases),
                               "torch.compile, Float8 linears and tensor/pipeline/context "
@@ -283,7 +290,7 @@ def llm_cases() -> tuple[list[Case], list[NotCovered]]:
 # input are fp32. Sharded (FSDP) QLoRA skips both and keeps the adapters in bf16
 # (`is_sharded_qlora`, sft_trainer.py:182-224): frozen_half "all".
 # transformers 4.48.1: its causal-LM loss copies the shifted fp32 logits (models/hf_releases.py)
-TRANSFORMERS_4_48 = {"hf_loss_copies_logits": True}
+TRANSFORMERS_4_48 = {"hf_loss_copies_logits": True, **EXPANDS_KV}
 FMS_ROWS = {
     "fms-full-mistral7b-1g-bs4": dict(precision="bf16"),
     "fms-full-mistral7b-2g-bs2": dict(precision="bf16", strategy="fsdp", gpus=2),

@@ -124,10 +124,13 @@ def estimate_generation(job, accel, *, prompts: int, generations_per_prompt: int
                         sharded_weights_devices: int = 1, gather_once: bool = False,
                         gpu_memory_utilization: float | None = None,
                         calibration: TimeParams | None = None,
-                        host_speed: float = 1.0) -> GenerationEstimate:
+                        host_speed: float = 1.0, kernels: dict | None = None
+                        ) -> GenerationEstimate:
     """Seconds and bytes to generate `completion_len` tokens for each of prompts x
     generations_per_prompt sequences on one `accel` device (module docstring); `host_speed`:
-    the host CPU's single-thread speed over the reference host's (a platform's: host_cpus.csv)."""
+    the host CPU's single-thread speed over the reference host's (a platform's: host_cpus.csv);
+    `kernels`: KernelSemantics fields a run on older releases set (a validation's published
+    runs), over what the installed stack does on `accel`."""
     if engine not in ENGINES:
         raise TrainplanError(f"engine {engine!r} is not known.", allowed=", ".join(ENGINES))
     if min(prompts, generations_per_prompt, prompt_len, completion_len,
@@ -138,7 +141,7 @@ def estimate_generation(job, accel, *, prompts: int, generations_per_prompt: int
     if engine == "vllm" and job.precision.amp:
         job = job.with_(precision="bf16" if job.precision.is_bf16 else "fp16")
         notes.append("vLLM holds its own weights in the half dtype, not the fp32 master weights")
-    sem = semantics_for(job, accel)
+    sem = replace(semantics_for(job, accel), **(kernels or {}))
     n_dev = sharded_weights_devices
     B, P, C = prompts * generations_per_prompt, prompt_len, completion_len
     prefill_batch = prompts if engine == "vllm" else B

@@ -9,7 +9,8 @@ casts it inserts are recorded in the graph exactly as CUDA autocast records them
 * routes `F.dropout` to `aten.native_dropout` (CUDA's fused kernel keeps a 1-byte bool mask);
 * routes `F.scaled_dot_product_attention` to the backend the target would pick: flash
   (sm80+, no arbitrary mask), memory-efficient (sm50+, takes a bias), or the math composition
-  (`softmax(q k^T * scale + mask) v`, which materialises the s x s scores);
+  (`softmax(q k^T * scale + mask) v`, which materialises the s x s scores); grouped-query K/V
+  reach flash as they are and every other kernel expanded (trace/flash_gqa.py);
 * keeps a `mean`'s input for its backward where the target's PyTorch did (before 2.2,
   `KernelSemantics.mean_keeps_input`);
 * runs `F.group_norm` on a channels-last input as CUDA does (`KernelSemantics.cuda_layouts`,
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from . import cuda_layout, fused_norm, windows
+from .flash_gqa import gqa_flash
 from .semantics import KernelSemantics
 
 aten = torch.ops.aten
@@ -273,16 +275,20 @@ class TargetSemantics(TorchFunctionMode):
             self.float_mask_calls += 1
             self.bias_grad_calls += bool(attn_mask.requires_grad)
         gqa = k.shape[-3] != q.shape[-3] and q.dim() == 4
-        if gqa:                                          # grouped-query: expand K/V heads
-            rep = q.shape[-3] // k.shape[-3]
-            k = k.repeat_interleave(rep, dim=-3)
-            v = v.repeat_interleave(rep, dim=-3)
+        rep = q.shape[-3] // k.shape[-3] if gqa else 1
+        if gqa and self.sem.expands_kv:            # the model's own repeat_kv, before SDPA
+            k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+            gqa = False
         if self.sem.attention in ("flash", "efficient") and \
                 _flash_ok(q.dtype, q.shape[-1], attn_mask):
             # the only place "flash" and "efficient" semantics part: a step where no call is
             # flash_ok runs the same ops either way (derive/twins.py shares such traces)
             self.flash_eligible += 1
         backend = self.backend(q.dtype, q.shape[-1], attn_mask, gqa and enable_gqa)
+        if backend == "flash" and gqa and enable_gqa:    # K/V heads as they are (flash_gqa.py)
+            return gqa_flash(q, k, v, dropout_p, is_causal, scale)
+        if gqa:                           # the other kernels: K/V expanded to every query head
+            k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
         if backend == "flash":
             out = aten._scaled_dot_product_flash_attention(
                 q, k, v, dropout_p, is_causal, False, scale=scale)[0]

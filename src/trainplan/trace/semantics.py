@@ -60,6 +60,13 @@ class KernelSemantics:
         1/rms (trace/fused_norm.py; PyTorch >= 2.9, pytorch/pytorch#153666, on CUDA and ROCm).
         False: the composite (CPU; MPS under autograd; PyTorch <= 2.8), whose nodes keep the
         normalised input too.
+    expands_kv: the model copies grouped-query K/V heads to every query head before attention:
+        transformers before 4.54 (`repeat_kv` in every SDPA call; 4.54 passes grouped K/V with
+        `enable_gqa` where there is no mask, huggingface/transformers#39412, July 2025), and
+        the Llama code of torchtitan, torchtune and IBM's foundation-model-stack the published
+        runs used (`repeat_kv`; `expand(...).flatten`). SDPA then sees as many K/V heads as query heads,
+        so any kernel takes the call. False: today's transformers, whose grouped K/V reach the
+        flash kernel as they are (trace/flash_gqa.py).
     cuda_layouts: CUDA's and ROCm's layout rules (trace/cuda_layout.py): group norm makes a
         channels-last input contiguous and writes NCHW, forward and backward, and a convolution
         transposes an activation not in the layout cuDNN runs, inside the kernel. False: the CPU
@@ -78,6 +85,7 @@ class KernelSemantics:
     mean_keeps_input: bool = False
     hf_loss_copies_logits: bool = False
     cudnn_grouped_direct: bool = False
+    expands_kv: bool = False
     cuda_softmax: bool = True
     fused_rms_norm: bool = True
     cuda_layouts: bool = True
@@ -94,6 +102,7 @@ class KernelSemantics:
             (("mean-keeps-input",) if self.mean_keeps_input else ()) + \
             (("hf-loss-copies-logits",) if self.hf_loss_copies_logits else ()) + \
             (("cudnn-grouped-direct",) if self.cudnn_grouped_direct else ()) + \
+            (("expands-kv",) if self.expands_kv else ()) + \
             (() if self.cuda_softmax else ("cpu-softmax",)) + \
             (() if self.fused_rms_norm else ("rms-composite",)) + \
             (() if self.cuda_layouts else ("cpu-layouts",))
