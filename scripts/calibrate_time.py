@@ -678,6 +678,11 @@ def _job_cache(r: dict):
     return _JOBS[key]
 
 
+# How sources weigh in the objective: the same each (the bundled fit), or as the square root of
+# their rows (TRAINPLAN_FIT_SOURCE_WEIGHT=sqrt, tried: docs/validation.md)
+SOURCE_WEIGHT = os.environ.get("TRAINPLAN_FIT_SOURCE_WEIGHT", "equal")
+
+
 def objective(x: np.ndarray, rows: list[dict], tables: dict) -> float:
     params = to_params(x)
     by_src: dict[str, list[float]] = {}
@@ -685,6 +690,9 @@ def objective(x: np.ndarray, rows: list[dict], tables: dict) -> float:
         p = predict(r, tables, params)
         if p:
             by_src.setdefault(r["source"], []).append(abs(np.log(p / r["measured"])))
+    if SOURCE_WEIGHT == "sqrt":         # a source's weight grows as the root of its rows
+        w = np.sqrt([len(v) for v in by_src.values()])
+        return float(np.dot(w, [np.mean(v) for v in by_src.values()]) / w.sum())
     return float(np.mean([np.mean(v) for v in by_src.values()]))   # each source weighs the same
 
 
