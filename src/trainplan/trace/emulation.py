@@ -275,19 +275,18 @@ class TargetSemantics(TorchFunctionMode):
             self.float_mask_calls += 1
             self.bias_grad_calls += bool(attn_mask.requires_grad)
         gqa = k.shape[-3] != q.shape[-3] and q.dim() == 4
-        rep = q.shape[-3] // k.shape[-3] if gqa else 1
-        if gqa and self.sem.expands_kv:            # the model's own repeat_kv, before SDPA
-            k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
-            gqa = False
+        # SDPA sees grouped K/V heads, unless the model's own code copied them (`expands_kv`)
+        grouped = gqa and enable_gqa and not self.sem.expands_kv
         if self.sem.attention in ("flash", "efficient") and \
                 _flash_ok(q.dtype, q.shape[-1], attn_mask):
             # the only place "flash" and "efficient" semantics part: a step where no call is
             # flash_ok runs the same ops either way (derive/twins.py shares such traces)
             self.flash_eligible += 1
-        backend = self.backend(q.dtype, q.shape[-1], attn_mask, gqa and enable_gqa)
-        if backend == "flash" and gqa and enable_gqa:    # K/V heads as they are (flash_gqa.py)
+        backend = self.backend(q.dtype, q.shape[-1], attn_mask, grouped)
+        if backend == "flash" and grouped:         # K/V heads as they are (flash_gqa.py)
             return gqa_flash(q, k, v, dropout_p, is_causal, scale)
-        if gqa:                           # the other kernels: K/V expanded to every query head
+        if gqa:           # the model's repeat_kv, or the kernel's: one copy per query head
+            rep = q.shape[-3] // k.shape[-3]
             k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
         if backend == "flash":
             out = aten._scaled_dot_product_flash_attention(
