@@ -263,12 +263,17 @@ def dle_rows() -> list[dict]:
                       dims=None)
         if r["model"].startswith("bert-large"):
             squad = "SQuAD" in r["model"]
+            # run_squad.py trains fp32 with its own BertAdam (optimization.py), a Python loop of
+            # per-parameter kernels (LOOP_OPTIMIZERS); fp16 with apex's multi-tensor FusedAdam,
+            # and pretraining with a multi-tensor LAMB
+            loop = OPTIMIZER_LOOPS and squad and prec == "fp32"
             # pretraining accumulates to a global batch of 65536 / 32768 sequences: the
             # all-reduce is amortised over many micro-batches (assumed 64 here)
             out.append(dict(common, model="hf:google-bert/bert-large-uncased", image=None,
                             family="bert", seq=int(r["seq_len"]), optimizer="adamw",
                             attention="math", channels_last=False, accum=1 if squad else 64,
                             task="seq-classification" if squad else None,
+                            optimizer_loop=loop,
                             label=f"BERT-L {'squad' if squad else 'pretrain'} s{r['seq_len']} "
                                   f"{prec} {r['gpu'][:14]} x{n} b{r['batch_size']}"))
         elif r["model"].startswith("resnet50"):
@@ -419,6 +424,16 @@ WEAK_EXTRA = ("peft-metamathqa", "nemo-automodel")
 # their own table contradicts (DLE_INCONSISTENT)
 OUTSIDE = ("off-catalog", "weak", "other-model", "inconsistent")
 EXTRA_OPT = (("8bit", "adamw-8bit"), ("adafactor", "adafactor"), ("adam", "adamw"))
+# Published runs whose AdamW was a Python loop over the parameters, a few kernels each
+# (KernelSemantics.optimizer_foreach False; the row's `optimizer_loop`), not torch's multi-tensor
+# one: transformers' own AdamW (src/transformers/optimization.py `AdamW.step`: `for p in
+# group["params"]`), the Trainer's default (`adamw_hf`) until huggingface/transformers#25109
+# (July 2023) made it torch's; NVIDIA's BertAdam
+# (DeepLearningExamples BERT optimization.py, what run_squad.py trains fp32 with). Measured
+# effect, and not in the bundled fit (docs/validation.md, "Published per-parameter optimizer
+# loops"): TRAINPLAN_FIT_OPTIMIZER_LOOPS=1 traces those rows so, fits and cross-validates with them.
+LOOP_OPTIMIZERS = ("adamw_hf", "HF AdamW")
+OPTIMIZER_LOOPS = os.environ.get("TRAINPLAN_FIT_OPTIMIZER_LOOPS") == "1"
 
 
 def extra_source(source_id: str) -> str:
@@ -504,6 +519,8 @@ def extra_rows(with_skipped: bool = False) -> list[dict]:
         elif unit.startswith("samples/s"):
             unit = "samples/s"
         out.append(dict(source=extra_source(r["source_id"]), gpu=r["gpu"], n=n, jobkw=tuple(sorted(kw.items())),
+                        optimizer_loop=OPTIMIZER_LOOPS and any(k in r["optimizer"]
+                                                               for k in LOOP_OPTIMIZERS),
                         internode_gbps=stated_gbps(r["notes"]),
                         model=kw["model"], family="extra", precision=r["precision"],
                         batch=int(r["micro_batch"]), accum=int(r["grad_accum"]),
@@ -536,7 +553,7 @@ def trace_key(r: dict) -> str:
     return r["_key"]
 
 
-def _trace_key(r: dict) -> str:
+def _row_key(r: dict) -> str:
     if "jobkw" in r:
         return "job|" + repr(r["jobkw"]) + "|" + r["gpu"]
     if "argv" in r:
@@ -544,6 +561,10 @@ def _trace_key(r: dict) -> str:
     return "|".join(str(r[k]) for k in ("model", "batch", "image", "seq", "precision", "optimizer",
                                         "ckpt", "attention", "channels_last", "task", "dims")) + \
         ("|cudnn-grouped-direct" if r.get("cudnn_grouped_direct") else "")
+
+
+def _trace_key(r: dict) -> str:
+    return _row_key(r) + ("|loop" if r.get("optimizer_loop") else "")
 
 
 def _argv_job(r: dict):
@@ -614,12 +635,14 @@ def _trace_one(r: dict):
             from trainplan.predict.target import semantics_for
             sem = semantics_for(job, get_accelerator(r["gpu"]))
             if "argv" not in r:
-                sem = dataclasses.replace(sem, **PUBLISHED_KERNELS)
+                sem = dataclasses.replace(sem, **PUBLISHED_KERNELS,
+                                          optimizer_foreach=not r.get("optimizer_loop"))
         else:
             dt = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}.get(r["precision"])
             sem = KernelSemantics(attention=r["attention"], autocast_dtype=dt,
                                   channels_last=r["channels_last"],
                                   cudnn_grouped_direct=bool(r.get("cudnn_grouped_direct")),
+                                  optimizer_foreach=not r.get("optimizer_loop"),
                                   **PUBLISHED_KERNELS)
         tr = trace_step(job, sem)
         table = summarize(tr)

@@ -101,3 +101,35 @@ def test_rows_the_tool_does_not_trace_as_measured_are_kept_out_of_the_fit(cal):
     assert not {r["label"] for r in kept} & set(out)
     # the 16 GB table's B4 and the 32 GB table's eight-GPU rows stay in
     assert sum(r["model"] == "timm:efficientnet_b4" for r in kept) == 6
+
+
+def test_published_per_parameter_optimizer_loops_are_traced_as_loops(cal, monkeypatch):
+    """DLE's fp32 SQuAD runs trained with BertAdam and HF's 2021-22 Trainer runs with
+    transformers' own AdamW, both a Python loop of per-parameter kernels: those rows, and only
+    those, trace torch's per-parameter loop (optimizer_foreach False) under a key of their own,
+    so no multi-tensor trace in the cache stands for them. Measured, not in the bundled fit:
+    only under TRAINPLAN_FIT_OPTIMIZER_LOOPS=1 (calibrate_time.OPTIMIZER_LOOPS)."""
+    monkeypatch.setattr(cal, "OPTIMIZER_LOOPS", False)
+    assert not any(r.get("optimizer_loop") for r in cal.dle_rows() + cal.extra_rows())
+    monkeypatch.setattr(cal, "OPTIMIZER_LOOPS", True)
+    rows = cal.dle_rows() + cal.extra_rows()
+    loop = {(r["source"], r["label"]) for r in rows if r.get("optimizer_loop")}
+    squad = [r for r in rows if r["source"] == "dle" and "squad" in r["label"]]
+    assert {(r["source"], r["label"]) for r in squad if r["precision"] == "fp32"} <= loop
+    assert not {(r["source"], r["label"]) for r in squad if r["precision"] != "fp32"} & loop
+    assert not any("pretrain" in label or "ResNet" in label for _, label in loop)
+    hf = {r["label"] for r in rows if r["source"] == "hf-docs" and r.get("optimizer_loop")}
+    assert hf and all("fp32" in k or "fp16" in k for k in hf)
+    assert {s for s, _ in loop} == {"dle", "hf-docs"}     # torch >= 2.0 runs: multi-tensor
+    seen = []
+
+    def trace_step(job, sem):
+        seen.append(sem.optimizer_foreach)
+        raise RuntimeError("stop")                        # reported as a skipped trace
+    monkeypatch.setattr("trainplan.trace.tracer.trace_step", trace_step)
+    for r in (squad[0], next(r for r in squad if r.get("optimizer_loop")),
+              next(r for r in rows if r["source"] == "hf-docs" and r.get("optimizer_loop"))):
+        key, out = cal._trace_one(dict(r))
+        assert "error" in out and key.endswith("|loop") == bool(r.get("optimizer_loop"))
+        assert key != cal._trace_key(dict(r, optimizer_loop=not r.get("optimizer_loop")))
+    assert seen == [not squad[0]["optimizer_loop"], False, False]
