@@ -2,10 +2,30 @@ import os
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainplan.spec import Job, validate
 from trainplan.trace.semantics import KernelSemantics
 from trainplan.trace.tracer import trace_step
+
+class AtenOps(TorchDispatchMode):
+    """The aten ops run under it, in order, each as (name, arguments, result); `prim.device`, a
+    query of a tensor's device that launches nothing, is left out."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is not torch.ops.prim.device.default:
+            self.calls.append((func._overloadpacket.__name__, args, out))
+        return out
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _, _ in self.calls]
+
 
 SBH = 512 * 8 * 1024  # BERT-large, batch 8, seq 512: s*b*h elements
 

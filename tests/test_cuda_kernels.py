@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainplan.models import masked_lm_batch
 from trainplan.models.reference import ReferenceTransformer, TransformerDims
@@ -17,34 +16,21 @@ from trainplan.trace.fused_norm import fused_rms_norm, rms_norm, takes_fused
 from trainplan.trace.semantics import KernelSemantics
 from trainplan.trace.tracer import trace_step
 
-from conftest import tiny_job
+from conftest import AtenOps, tiny_job
 
 B, S, H, LAYERS, VOCAB = 2, 32, 64, 2, 256
-
-
-class _Ops(TorchDispatchMode):
-    """The aten ops a call runs, with their arguments."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is not torch.ops.prim.device.default:
-            self.calls.append((func._overloadpacket.__name__, args))
-        return func(*args, **(kwargs or {}))
 
 
 def _aten(fn, sem: KernelSemantics, shape, dtype, autocast=False):
     """The aten ops `fn` runs on a fake tensor of `shape` and `dtype` under `sem`."""
     with FakeTensorMode():
         x = torch.randn(*shape, dtype=dtype, requires_grad=True)
-        ops = _Ops()
+        ops = AtenOps()
         mode = TargetSemantics(sem)
         with mode, ops:
             mode.autocast_enabled = autocast
             fn(x)
-    calls = [(name, args) for name, args in ops.calls if name not in ("detach", "lift_fresh")]
+    calls = [(name, args) for name, args, _ in ops.calls if name not in ("detach", "lift_fresh")]
     return [name for name, _ in calls], calls
 
 

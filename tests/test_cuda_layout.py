@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainplan.spec import Job, validate
 from trainplan.trace import cuda_layout
@@ -16,18 +15,10 @@ from trainplan.trace.emulation import TargetSemantics
 from trainplan.trace.semantics import KernelSemantics
 from trainplan.trace.tracer import trace_step
 
+from conftest import AtenOps
+
 CL = torch.channels_last
 aten = torch.ops.aten
-
-
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func._overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def test_the_cuda_group_norm_computes_what_pytorch_does_and_writes_nchw():
@@ -58,7 +49,7 @@ def test_a_group_norm_without_affine_parameters_runs_too():
 def _group_norm_ops(sem: KernelSemantics, memory_format) -> list[str]:
     with FakeTensorMode():
         x = torch.randn(4, 16, 8, 8).contiguous(memory_format=memory_format).requires_grad_()
-        ops = _Ops()
+        ops = AtenOps()
         with TargetSemantics(sem), ops:
             F.group_norm(x, 4).sum().backward()
     return ops.names

@@ -4,28 +4,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainplan.trace.emulation import TargetSemantics
 from trainplan.trace.flash_gqa import gqa_flash
 from trainplan.trace.semantics import KernelSemantics
 
+from conftest import AtenOps
+
 B, HQ, HKV, S, D = 2, 8, 2, 64, 32
 
 
-class _Ops(TorchDispatchMode):
-    """Each aten op a call runs, with the shapes of its tensor results."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        res = out if isinstance(out, (tuple, list)) else (out,)
-        self.calls.append((func._overloadpacket.__name__,
-                           [tuple(t.shape) for t in res if isinstance(t, torch.Tensor)]))
-        return out
+def _shapes(ops: AtenOps) -> list[tuple[str, list[tuple]]]:
+    """Each aten op a call ran, with the shapes of its tensor results."""
+    def res(out):
+        return out if isinstance(out, (tuple, list)) else (out,)
+    return [(name, [tuple(t.shape) for t in res(out) if isinstance(t, torch.Tensor)])
+            for name, _, out in ops.calls]
 
 
 def _qkv(dtype=torch.bfloat16):
@@ -43,14 +37,14 @@ def _run(attention: str, dtype=torch.bfloat16, **kernels):
         return t
     with FakeTensorMode():
         q, k, v = _qkv(dtype)
-        fwd, bwd = _Ops(), _Ops()
+        fwd, bwd = AtenOps(), AtenOps()
         with TargetSemantics(KernelSemantics(attention=attention, **kernels)), fwd, \
                 torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         with bwd:
             out.sum().backward()
         assert q.grad.shape == q.shape and k.grad.shape == k.shape == v.grad.shape
-    return fwd.calls, bwd.calls, saved
+    return _shapes(fwd), _shapes(bwd), saved
 
 
 def test_flash_reads_the_grouped_heads_and_keeps_them_for_backward():
