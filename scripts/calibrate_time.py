@@ -358,7 +358,7 @@ def llm_rows() -> list[dict]:
                         internode_gbps=stated_gbps(r["section"]),
                         # Composer never enters no_sync under FSDP: each micro-batch's
                         # gradients are reduce-scattered (Strategy.reduces_each_micro_batch)
-                        sync_each_batch=True,
+                        sync_each_batch=True, max_grad_norm=CLIPPED["llm-foundry"],
                         dims=tuple(sorted(dims.items())), measured=float(r["Throughput (T/s/GPU)"]),
                         unit="tokens/s/GPU", split="fit",
                         label=f"MPT-{r['Model']} s{seq} {r['GPU']} x{n} mb{r['MicroBatchSize']}"
@@ -379,6 +379,7 @@ def llm_rows() -> list[dict]:
                         seq=int(r["seq_len"]), optimizer="adamw", accum=1,
                         ckpt="every-2" if "selective layer" in tech else "selective",
                         strategy="fsdp", attention="flash", channels_last=False, task=None,
+                        max_grad_norm=CLIPPED["torchtitan"],
                         dims=tuple(sorted(LLAMA3_8B.items())), measured=float(r["value"]),
                         unit="tokens/s/GPU",
                         # H100 96 GB HBM2e capped at 500 W (Grand Teton) is not the catalog's
@@ -434,6 +435,22 @@ EXTRA_OPT = (("8bit", "adamw-8bit"), ("adafactor", "adafactor"), ("adam", "adamw
 # loops"): TRAINPLAN_FIT_OPTIMIZER_LOOPS=1 traces those rows so, fits and cross-validates with them.
 LOOP_OPTIMIZERS = ("adamw_hf", "HF AdamW")
 OPTIMIZER_LOOPS = os.environ.get("TRAINPLAN_FIT_OPTIMIZER_LOOPS") == "1"
+
+
+# Published runs that clipped the gradients' global norm to 1.0 before every step (the row's
+# `max_grad_norm`, traced as torch's clip_grad_norm_: trace/optimizers.py `clip_gradients`):
+CLIPPED = {
+    # mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml (@2a59782): `algorithms:
+    # gradient_clipping: {clipping_type: norm, clipping_threshold: 1.0}`, the YAMLs
+    # scripts/train/benchmarking/submit_benchmarks.py loads and leaves that key of
+    "llm-foundry": 1.0,
+    # torchtitan's job config `training.max_norm` (default 1.0; its Llama tomls keep it)
+    "torchtitan": 1.0,
+    # foundation-model-stack/fms-fsdp config `grad_clip_thresh: float = 1.0`
+    "fms-fsdp": 1.0,
+    # the HF Trainer's `max_grad_norm` default, which neither source's runs change
+    "fms-acceleration-a100": 1.0, "hf-docs": 1.0,
+}
 
 
 def extra_source(source_id: str) -> str:
@@ -507,6 +524,8 @@ def extra_rows(with_skipped: bool = False) -> list[dict]:
             kw["quantize"] = r["quantize"]
         if "sequence-clas" in r["model"].lower():
             kw["task"] = "seq-classification"
+        if CLIPPED.get(extra_source(r["source_id"])):
+            kw["max_grad_norm"] = CLIPPED[extra_source(r["source_id"])]
         if r["dims_json"]:
             kw["dims"] = tuple(sorted(dict(json.loads(r["dims_json"]), kind="decoder",
                                            dropout=0.0,
@@ -560,7 +579,8 @@ def _row_key(r: dict) -> str:
         return "argv|" + "|".join(r["argv"]) + "|" + r["gpu"]
     return "|".join(str(r[k]) for k in ("model", "batch", "image", "seq", "precision", "optimizer",
                                         "ckpt", "attention", "channels_last", "task", "dims")) + \
-        ("|cudnn-grouped-direct" if r.get("cudnn_grouped_direct") else "")
+        ("|cudnn-grouped-direct" if r.get("cudnn_grouped_direct") else "") + \
+        (f"|clip{r['max_grad_norm']:g}" if r.get("max_grad_norm") else "")
 
 
 def _trace_key(r: dict) -> str:
@@ -601,7 +621,8 @@ def make_job(r: dict, gpus: int = 1, strategy: str = "single", accum: int = 1):
     kw = dict(model=model, batch_size=r["batch"], precision=r["precision"],
               optimizer=r["optimizer"], grad_checkpointing=r["ckpt"], gpus=gpus,
               strategy=strategy, grad_accum=accum, channels_last=r["channels_last"],
-              sync_each_batch=r.get("sync_each_batch", False))
+              sync_each_batch=r.get("sync_each_batch", False),
+              max_grad_norm=r.get("max_grad_norm"))
     if r["image"]:
         kw["image_size"] = r["image"]
     if r["seq"]:

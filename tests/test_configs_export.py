@@ -23,7 +23,7 @@ from trainplan.spec import validate
 DATA = Path(__file__).parent / "data" / "configs"
 FIELDS = ("model", "batch_size", "grad_accum", "seq_len", "precision", "optimizer",
           "grad_checkpointing", "reentrant_checkpointing", "attention", "lora", "quantize",
-          "strategy", "offload", "algorithm", "rollout", "gpus", "sync_each_batch")
+          "strategy", "offload", "algorithm", "rollout", "gpus", "sync_each_batch", "max_grad_norm")
 NAMES = {"axolotl": "axolotl.yaml", "llama-factory": "llama_factory.yaml",
          "trl": "trl_config.yaml", "torchtune": "torchtune.yaml"}
 

@@ -316,7 +316,10 @@ def test_a_record_is_appended_only_to_a_records_file(tmp_path, measured):
     assert "No space left" in str(e.value) and log.read_bytes() == before
 
 
-def test_hf_trainer_callback(tmp_path):
+@pytest.mark.parametrize("clip", [1.0, None])
+def test_hf_trainer_callback(tmp_path, clip):
+    """The callback times the Trainer's steps; a job that differs from the Trainer's arguments
+    (here no clipping, where the Trainer clips to 1.0 by default) is noted in the record."""
     from trainplan.measure import TrainplanCallback
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
     cfg = GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=128, n_positions=64,
@@ -332,7 +335,7 @@ def test_hf_trainer_callback(tmp_path):
             ids = torch.randint(0, 128, (16,))
             return {"input_ids": ids, "labels": ids}
 
-    job = {"model": f"hf:{cfg_file}", "batch_size": 4, "seq_len": 16}
+    job = {"model": f"hf:{cfg_file}", "batch_size": 4, "seq_len": 16, "max_grad_norm": clip}
     cb = TrainplanCallback(job, warmup=1, out=tmp_path / "hf.jsonl", accelerator="t4")
     args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
                              max_steps=3, report_to=[], save_strategy="no",
@@ -342,7 +345,8 @@ def test_hf_trainer_callback(tmp_path):
     (r,) = read_records(tmp_path / "hf.jsonl")
     assert r == cb.result
     assert r["source"] == "hf-trainer" and r["measured"]["steps"] == 2
-    assert not any("differ" in n for n in r["notes"])
+    differ = [n for n in r["notes"] if "differ" in n]
+    assert differ == ([] if clip else ["Trainer and job differ: max_grad_norm 1 vs none"])
     assert r["predicted"]["tokens_per_sample"] == 16
     assert r["measured"]["tokens_per_s"] == pytest.approx(4 * 16 / r["measured"]["step_time_s"])
 

@@ -23,7 +23,7 @@ def test_json_plan_has_the_contract_keys(capsys, job):
                          "--format", "json")
     assert code == 0, err
     d = json.loads(out)
-    assert d["schema_version"] == "1.4" and d["steps"] == 100 and d["target_batch"] == 4
+    assert d["schema_version"] == "1.5" and d["steps"] == 100 and d["target_batch"] == 4
     assert d["winner"] in ("kaggle-t4x2", "local-rtx-3090")
     p = d["platforms"][0]
     for key in ("platform_id", "verdict", "micro_batch_size", "grad_accum", "device_used_bytes",

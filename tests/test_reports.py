@@ -226,7 +226,7 @@ def test_json_numbers_carry_their_unit_in_the_key(doc):
 
 
 def test_json_keys_are_stable(doc):
-    assert list(doc)[0] == "schema_version" and doc["schema_version"] == "1.4"
+    assert list(doc)[0] == "schema_version" and doc["schema_version"] == "1.5"
     assert {"max_micro_batch_size", "required_bytes", "precision_label", "strategy_label",
             "calibration"} <= set(doc["platforms"][0])
     assert set(doc) == {"schema_version", "job", "steps", "steps_source", "epochs", "dataset_size",

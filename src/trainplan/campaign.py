@@ -13,7 +13,8 @@
       lifetime_years: 3               # owned hardware's price spread over this many years
 
 Sweep keys are of two kinds. PLAN_FREE: hyperparameters that change neither a step's work nor
-its memory (learning rate, seed, weight decay, warm-up, schedule, clipping): their variants are
+its memory (learning rate, seed, weight decay, warm-up, schedule, the clipping norm: whether a
+step clips at all is the job's `max_grad_norm`, planned for every variant): their variants are
 the same plan, so they only multiply the runs. PLAN_KEYS: job settings that change the plan
 (sequence length, micro-batch, accumulation, image size, steps, precision, optimizer, LoRA rank,
 model): each variant is planned, sharing the trace cache. plan/campaign.py does the arithmetic.

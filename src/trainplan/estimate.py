@@ -9,12 +9,13 @@ from .accelerators import Accelerator
 from .predict import BUNDLED_ONLY, Calibration, Evaluation, Traces, evaluate, largest_micro_batch
 from .predict.evaluate import expandable_advice
 
-SCHEMA_VERSION = "1.4"    # 1.1: per_device.required_bytes, findings[].kind, precision_label
+SCHEMA_VERSION = "1.5"    # 1.1: per_device.required_bytes, findings[].kind, precision_label
                           # 1.2: fit, fit_margin, per_device.held_bytes, max_batch_size_with_margin
                           # 1.3: algorithm, step_phases_s, generation
                           # 1.4: fit_band, fit_probability, per_device.banded_bytes,
                           #      max_batch_size_with_band (= max_batch_size_with_margin, which
                           #      now means the band)
+                          # 1.5: max_grad_norm
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ def to_json(est: Estimate) -> dict:
         "max_batch_size_with_band": est.max_batch_size_with_margin,
         "batch_size": job.batch_size,
         "grad_accum": job.grad_accum,
+        "max_grad_norm": job.max_grad_norm,
         "params": {"total": tr.params_total, "trainable": tr.params_trainable},
         "flops_per_micro_batch": tr.flops_per_step,
         "kernel_semantics": {"attention": tr.semantics.attention,

@@ -29,7 +29,7 @@ _SEED_KEYS = {"training_data", "run", "hardware", "checkpointing", "objectives",
 _INT_KEYS = ("batch_size", "grad_accum", "seq_len", "image_size", "images_per_sample", "gpus",
              "expert_parallel", "num_workers", "steps", "dataset_size", "target_batch")
 _NUMBER_KEYS = ("epochs", "samples_per_s_per_worker", "session_overhead_s", "moe_capacity_factor",
-                "internode_gbps")
+                "internode_gbps", "max_grad_norm")
 _TEXT_KEYS = ("model", "name", "task", "optimizer", "grad_checkpointing", "checkpoint_impl",
               "attention", "gpu", "offload", "algorithm", "frozen_half")
 _SCALAR_KEYS = ("precision", "quantize", "strategy")   # a name; quantize may also be false

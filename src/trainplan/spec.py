@@ -70,6 +70,11 @@ class Job:
     # only after the last (accelerate's GradientAccumulationPlugin(sync_each_batch=True); what
     # Composer and torchtune do): Strategy.reduces_each_micro_batch says where it applies
     sync_each_batch: bool = False
+    # clip the gradients' global L2 norm to this before every optimizer step
+    # (torch.nn.utils.clip_grad_norm_: one pass reading every gradient for its norm, one scaling
+    # each in place; the HF Trainer's `max_grad_norm`, 1.0 by default there). None: no clipping,
+    # a plain PyTorch loop's default
+    max_grad_norm: float | None = None
     seq_len: int | None = None
     image_size: int | None = None
     images_per_sample: int | None = None   # vision-language models: images in each sample
@@ -252,6 +257,21 @@ def check_lora(lora: Lora, where: str | None = None) -> None:
                 "lora: {dropout: 0.05} in the job file (peft's examples)")
 
 
+def _max_grad_norm(value) -> float | None:
+    """The clipping norm: a positive number, or None for no clipping (0 is None: the HF Trainer
+    and DeepSpeed read 0 as no clipping)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 \
+            or value == float("inf"):
+        raise TrainplanError(f"--max-grad-norm must be a number >= 0, got {value!r}.",
+                             allowed="a positive number (the gradients' largest global L2 norm), "
+                                     "or 0 for no clipping",
+                             fix="--max-grad-norm 1.0 (the HF Trainer's default), or leave it "
+                                 "out (no clipping)")
+    return float(value) if value > 0 else None
+
+
 MAX_INTERNODE_GBPS = 100_000       # 8 x 1.6 Tbit/s NICs is 12,800: room, not a typo's 10^9
 
 
@@ -283,6 +303,7 @@ def validate(job: Job) -> Job:
                              f"{job.gpus}.", allowed="a divisor of the number of GPUs (each "
                              "expert-parallel group holds every expert once)",
                              fix=f"use --expert-parallel {job.gpus} or another divisor of it")
+    job = job.with_(max_grad_norm=_max_grad_norm(job.max_grad_norm))
     _positive_int("seq_len", job.seq_len, allow_none=True)
     _positive_int("image_size", job.image_size, allow_none=True)
     _positive_int("images_per_sample", job.images_per_sample, allow_none=True)

@@ -82,6 +82,10 @@ def add_job_flags(p: argparse.ArgumentParser, model_positional: bool = False) ->
                    help="with --grad-accum > 1, reduce the gradients after every micro-batch "
                         "(accelerate's GradientAccumulationPlugin(sync_each_batch=True); "
                         "Composer and torchtune do): under FSDP only gradient shards are kept")
+    g.add_argument("--max-grad-norm", type=float,
+                   help="clip the gradients' global norm to this before every optimizer step "
+                        "(torch.nn.utils.clip_grad_norm_; the HF Trainer's max_grad_norm, 1.0 "
+                        "there by default); default: no clipping")
     g.add_argument("--expandable-segments", action="store_true", default=None,
                    help="the job runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
                         "(CUDA's allocator then grows one segment; less reserved memory)")
@@ -120,7 +124,7 @@ _MAP = {"gpu": "gpu", "gpus": "gpus", "strategy": "strategy", "offload": "offloa
         "expandable_segments": "expandable_segments", "sync_each_batch": "sync_each_batch",
         "task": "task",
         "moe_capacity_factor": "moe_capacity_factor", "expert_parallel": "expert_parallel",
-        "internode_gbps": "internode_gbps",
+        "internode_gbps": "internode_gbps", "max_grad_norm": "max_grad_norm",
         "algorithm": "algorithm"}
 _ROLLOUT_FLAGS = {"generations": "generations", "prompt_len": "prompt_len",
                   "completion_len": "completion_len", "engine": "engine", "beta": "beta"}

@@ -82,7 +82,8 @@ def load(path: str | None, deepspeed: str | None = None,
     if deepspeed:
         beside = ds_mod.Trainer("the job", micro_batch=base.batch_size, grad_accum=base.grad_accum,
                                 bf16=base.precision.is_bf16, fp16=base.precision.is_fp16,
-                                world=base.gpus if base.gpus > 1 else None, strict=False)
+                                world=base.gpus if base.gpus > 1 else None,
+                                max_grad_norm=base.max_grad_norm, strict=False)
         inner = ds_mod.read(load_file(deepspeed, "DeepSpeed config"), deepspeed, beside,
                             acc.settings.get("gpus") if acc else None)
         reading.companions.append(inner)

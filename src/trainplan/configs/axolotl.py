@@ -119,6 +119,7 @@ def read(data: dict, path: str, deepspeed: str | None = None) -> Reading:
     _attention(c)
     _adapter(c)
     hf.read_optim(c, "optimizer", "adamw_torch_fused")
+    clip = hf.read_clipping(c, passes_zero=False)      # `if cfg.max_grad_norm:`
     _packing(c)
     hf.read_steps(c, "max_steps", "num_epochs", 1.0)
     hf.read_fsdp(c, "fsdp", "fsdp_config", set(sections.get("fsdp_config", ())),
@@ -129,7 +130,8 @@ def read(data: dict, path: str, deepspeed: str | None = None) -> Reading:
     _hybrid(c)
     prec = c.reading.settings.get("precision", "fp32")
     beside = ds_mod.Trainer("axolotl", micro_batch=mbs, grad_accum=gas,
-                            bf16=prec.startswith("bf16"), fp16=prec.startswith("fp16"))
+                            bf16=prec.startswith("bf16"), fp16=prec.startswith("fp16"),
+                            max_grad_norm=clip)
     hf.read_deepspeed(c, "deepspeed", beside, deepspeed)
     _rl(c, sections)
     c.unmodelled_table({k: v for k, v in UNMODELLED.items() if v[1]})

@@ -14,6 +14,7 @@ import yaml
 
 from ..errors import TrainplanError
 from ..models import hf_names
+from .reading import show
 
 # --- files --------------------------------------------------------------------------------------
 
@@ -187,3 +188,9 @@ def optimizer(name: Any) -> tuple[str, str, bool]:
         return opt, why, True
     return "adamw", "not an optimizer trainplan models: planned as AdamW (two fp32 states a " \
                     "parameter)", False
+
+
+def clipping_text(norm: float | None) -> str:
+    """What a clipping norm plans, in words (None or 0: no clipping)."""
+    return (f"gradients clipped to global norm {show(norm)} before every step (a pass reading "
+            "every gradient, one scaling it)") if norm else "no gradient clipping"

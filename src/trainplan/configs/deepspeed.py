@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TrainplanError
-from .common import known_keys
+from .common import clipping_text, known_keys
 from .reading import Collector, Reading, show
 
 AUTO = "auto"
@@ -91,6 +91,7 @@ class Trainer:
     bf16: bool | None = None
     fp16: bool | None = None
     world: int | None = None
+    max_grad_norm: float | None = None   # the trainer's clipping norm (None: none, or not known)
     strict: bool = True              # the HF Trainer refuses a value it did not ask for; beside
                                      # a trainplan job (--deepspeed) DeepSpeed's explicit values win
 
@@ -112,6 +113,7 @@ def read(data: dict, path: str, beside: Trainer | None = None, gpus: int | None 
     keys, sections = known_keys("deepspeed")
     c = Collector("deepspeed", path, data, set(keys))
     _batch(c, beside, gpus)
+    _clipping(c, beside)
     _zero(c, sections)
     _precision(c, sections, beside)
     opt = c.section("optimizer", {"type", "params"})
@@ -149,6 +151,37 @@ def _resolve(c: Collector, key: str, beside_value, beside: Trainer | None, what:
                           "from the trainer's.",
                           fix=f"set {key} to \"auto\" (or to {beside_value})")
     return v, False
+
+
+def _clipping(c: Collector, beside: Trainer | None) -> None:
+    """`gradient_clipping`: DeepSpeed clips the gradients' global norm to it before every step
+    (engine.py `clip_fp32_gradients` / ZeRO's `unscale_and_clip_grads`); 0, its default, clips
+    nothing. "auto" is the trainer's `max_grad_norm` (the HF Trainer's; accelerate's plugin)."""
+    key = "gradient_clipping"
+    if key not in c.data:
+        return
+    b = beside or Trainer("nothing")
+    raw = c.take(key)
+    if raw == AUTO:
+        if b.max_grad_norm is None and b.source in ("nothing", "accelerate"):
+            c.read(key, raw, "the training script's clipping (filled by the HF Trainer or "
+                             "accelerate; --max-grad-norm to plan it)")
+            return
+        norm = b.max_grad_norm
+        c.read(key, raw, f"{clipping_text(norm)} (max_grad_norm of {b.source})",
+               max_grad_norm=norm)
+        return
+    norm = 0.0 if raw is None else c.number(key, raw)
+    if not norm >= 0:
+        raise c.error(key, f"must be a number >= 0, got {show(raw)}.",
+                      fix=f"{key}: 1.0, or 0 for no clipping")
+    theirs = b.max_grad_norm or 0.0
+    if b.strict and b.source != "nothing" and norm != theirs:
+        raise c.error(key, f"{show(norm)} while {b.source} clips to {show(theirs)} "
+                      "(max_grad_norm): the HF Trainer and accelerate refuse a DeepSpeed value "
+                      "that differs from the trainer's.",
+                      fix=f"set {key} to \"auto\" (or to {show(theirs)})")
+    c.read(key, raw, clipping_text(norm), max_grad_norm=norm or None)
 
 
 def _batch(c: Collector, beside: Trainer | None, gpus: int | None) -> None:
@@ -300,7 +333,7 @@ def apply(settings: dict, ds: Reading) -> dict:
     16-bit mode, DeepSpeed's optimizer, a world size it pins)."""
     out = dict(settings)
     for key in ("strategy", "offload", "precision", "optimizer", "gpus", "batch_size",
-                "grad_accum"):
+                "grad_accum", "max_grad_norm"):
         if key in ds.settings:
             out[key] = ds.settings[key]
     if out.get("strategy") == "ddp" and (out.get("gpus") or 1) == 1:

@@ -110,11 +110,13 @@ def read(data: dict, path: str, deepspeed: str | None = None) -> Reading:
         c.assume("no packing: batches are padded to their longest sample; planned at "
                  "cutoff_len, the longest a batch can be")
     hf.read_optim(c, "optim", "adamw_torch")
+    clip = hf.read_clipping(c)
     hf.read_steps(c)
     _dataset_size(c)
     prec = c.reading.settings.get("precision", "fp32")
     beside = ds_mod.Trainer("LLaMA-Factory", micro_batch=mbs, grad_accum=gas,
-                            bf16=prec.startswith("bf16"), fp16=prec.startswith("fp16"))
+                            bf16=prec.startswith("bf16"), fp16=prec.startswith("fp16"),
+                            max_grad_norm=clip)
     hf.read_fsdp(c, "fsdp", "fsdp_config")
     hf.read_accelerator_config(c)
     hf.read_deepspeed(c, "deepspeed", beside, deepspeed)

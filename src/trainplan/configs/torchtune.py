@@ -13,6 +13,7 @@
       ac_mode, ac_option                 selective, K every-K)
     optimizer._component_             -> torch.optim.AdamW / SGD, bitsandbytes' and torchao's
                                          8-bit and paged AdamW
+    clip_grad_norm                    -> gradient clipping (none when absent or null)
     the recipe (from the config's `tune run` line, else its file name): *_single_device -> one
         device; *_distributed -> FSDP2 (fully_shard) over --nproc_per_node devices, the
         gradients reduce-scattered on every micro-batch (no no_sync: sync_each_batch),
@@ -26,6 +27,7 @@ from pathlib import Path
 from ..spec import checkpointing_label
 from .common import known_keys, planned_seq_len
 from .reading import Collector, Reading
+from .trainer import read_clipping
 
 # torchtune model builder -> the bundled hub config of the same architecture
 MODELS = {
@@ -134,6 +136,7 @@ def read(data: dict, path: str, text: str = "") -> Reading:
         c.read("enable_activation_checkpointing", ac, "no checkpointing",
                grad_checkpointing="none")
     _optimizer(c)
+    read_clipping(c, "clip_grad_norm", default=None)     # the recipes' cfg.get(..., None)
     _recipe(c, recipe, nproc)
     ds = c.section("dataset") if isinstance(c.data.get("dataset"), dict) else None
     if ds is not None and ds.take("packed"):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import deepspeed as ds_mod
-from .common import find_beside, load_file, optimizer
+from .common import clipping_text, find_beside, load_file, optimizer
 from .reading import Collector, Reading, show
 
 # TrainingArguments keys that change memory or time when set, and what trainplan plans instead
@@ -107,6 +107,32 @@ def read_optim(c: Collector, key: str, default: str | None) -> None:
         opt, why, _ = optimizer(default)
         c.assume(f"{key} not set: {default}, planned as {opt}" + (f" ({why})" if why else ""))
         c.set(optimizer=opt)
+
+
+def read_clipping(c: Collector, key: str = "max_grad_norm", default: float | None = 1.0,
+                  passes_zero: bool = True) -> float | None:
+    """The clipping norm (`Job.max_grad_norm`): the file's, else the framework's `default` (the
+    HF Trainer's TrainingArguments.max_grad_norm: 1.0); 0 or null is no clipping, as the Trainer
+    reads it (`if args.max_grad_norm is not None and args.max_grad_norm > 0`). `passes_zero`
+    False: the framework hands the Trainer only a truthy value (axolotl's
+    `if cfg.max_grad_norm:`), so 0 leaves the Trainer's default."""
+    if key in c.data:
+        raw = c.take(key)
+        norm = 0.0 if raw is None else c.number(key, raw)
+        if not norm >= 0:
+            raise c.error(key, f"must be a number >= 0, got {show(raw)}.",
+                          fix=f"{key}: 1.0 (the Trainer's default), or 0 for no clipping")
+        if not norm and not passes_zero and default:
+            c.read(key, raw, f"not passed on (only a non-zero value is): the Trainer's "
+                             f"{show(default)} applies, {clipping_text(default)}",
+                   max_grad_norm=default)
+            return default
+        c.read(key, raw, clipping_text(norm), max_grad_norm=norm or None)
+        return norm or None
+    if default:
+        c.assume(f"{key} not set: {show(default)}, {clipping_text(default)}")
+        c.set(max_grad_norm=default)
+    return default
 
 
 def read_checkpointing(c: Collector, key: str, default: bool,

@@ -92,6 +92,7 @@ def read(data: dict, path: str, deepspeed: str | None = None) -> Reading:
     _attention(c)
     _peft(c)
     hf.read_optim(c, "optim", "adamw_torch_fused")
+    clip = hf.read_clipping(c)
     hf.read_steps(c)
     if plain:
         c.assume("the sequence length is the training script's (TrainingArguments has none): "
@@ -100,7 +101,8 @@ def read(data: dict, path: str, deepspeed: str | None = None) -> Reading:
         _lengths(c, algorithm)
     prec = c.reading.settings.get("precision", "fp32")
     beside = ds_mod.Trainer("the TRL config", micro_batch=mbs, grad_accum=gas,
-                            bf16=prec.startswith("bf16"), fp16=prec.startswith("fp16"))
+                            bf16=prec.startswith("bf16"), fp16=prec.startswith("fp16"),
+                            max_grad_norm=clip)
     hf.read_fsdp(c, "fsdp", "fsdp_config")
     hf.read_accelerator_config(c)
     hf.read_deepspeed(c, "deepspeed", beside, deepspeed)

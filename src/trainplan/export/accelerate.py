@@ -71,7 +71,7 @@ def config(ln: Launch) -> dict:
         c["distributed_type"] = "DEEPSPEED"
         stage = s.order
         ds = {"zero_stage": stage, "gradient_accumulation_steps": ln.grad_accum,
-              "gradient_clipping": 1.0,
+              "gradient_clipping": ln.max_grad_norm or 0.0,
               "offload_optimizer_device": "cpu" if ln.offload != "none" else "none",
               "offload_param_device": "cpu" if ln.offload == "optimizer+params" else "none",
               "zero3_init_flag": stage == 3}

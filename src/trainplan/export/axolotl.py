@@ -6,6 +6,8 @@ configs/axolotl.py reads, so that reading it back gives the same job.
     checkpointing   gradient_checkpointing + gradient_checkpointing_kwargs.use_reentrant
     adapter         adapter lora | qlora, lora_r, lora_alpha, lora_dropout, lora_target_modules
                     (lora_target_linear for all-linear), load_in_4bit / load_in_8bit
+    clipping        max_grad_norm (no clipping cannot be written: axolotl passes only a
+                    non-zero value, the Trainer then clips to 1.0; the header says so)
     strategy        zero1-3: deepspeed: ds_config.json (written beside it); fsdp: fsdp_version 2
                     with fsdp_config (offload_params, reshard_after_forward); ddp: processes
 """
@@ -36,6 +38,7 @@ def render(e: Export) -> dict[str, str]:
     c["micro_batch_size"] = job.batch_size
     c["gradient_accumulation_steps"] = job.grad_accum
     e.trainer_sync(c, notes)
+    e.trainer_clipping(c, notes, passes_zero=False)
     c.pop("batch_size", None)
     if not e.same("axolotl", "precision"):
         _precision(c, job, notes)

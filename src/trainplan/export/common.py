@@ -103,6 +103,7 @@ class Launch:
     expandable_segments: bool = False     # the plan's memory assumes CUDA's expandable segments
     # the plan reduces the gradients after every micro-batch (accelerate's sync_each_batch)
     sync_each_batch: bool = False
+    max_grad_norm: float | None = None    # the planned gradient clipping (None: none)
     script: str = "train.py"
     script_args: tuple[str, ...] = ()
     schema_version: str = ""
@@ -123,7 +124,9 @@ class Launch:
             + (f"; activation checkpointing: {self.grad_checkpointing}"
                if self.grad_checkpointing not in ("none", "off", "") else "")
             + ("; gradients reduced after every micro-batch (sync_each_batch)"
-               if self.syncs_each_micro_batch else "") + ".",
+               if self.syncs_each_micro_batch else "")
+            + (f"; gradients clipped to global norm {self.max_grad_norm:g}"
+               if self.max_grad_norm else "; no gradient clipping") + ".",
             f"Plan: {self.steps} steps at {self.step_time_s:.4g} s/step predicted; "
             f"{self.sessions} session(s)"
             + (f" of at most {self.session_max_s:.0f} s" if self.session_max_s else "")
@@ -163,6 +166,8 @@ class Launch:
             e["TRAINPLAN_KEEP_CHECKPOINTS"] = str(self.keep_checkpoints)
         if self.syncs_each_micro_batch:  # a training loop of the user's own reads it
             e["TRAINPLAN_SYNC_EACH_BATCH"] = "1"
+        if self.max_grad_norm:           # as does its clipping
+            e["TRAINPLAN_MAX_GRAD_NORM"] = f"{self.max_grad_norm:g}"
         if self.expandable_segments:     # what the plan's memory was replayed with
             e["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         return e
@@ -254,5 +259,6 @@ def launch_from_plan(plan, pp, job, job_file: str | None = None, script: str = "
         changes=tuple(pp.changes), script=script, script_args=tuple(script_args),
         expandable_segments=rules_for(accel.backend, job.expandable_segments).expandable,
         sync_each_batch=bool(kept.get("sync_each_batch", job.sync_each_batch)),
+        max_grad_norm=job.max_grad_norm,
         schema_version=plan.schema_version, plan_json=plain(pp))
 

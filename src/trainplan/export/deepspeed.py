@@ -32,7 +32,7 @@ def config(ln: Launch) -> dict:
         "train_micro_batch_size_per_gpu": ln.micro_batch_size,
         "gradient_accumulation_steps": ln.grad_accum,
         "train_batch_size": ln.micro_batch_size * ln.grad_accum * world,
-        "gradient_clipping": 1.0,
+        "gradient_clipping": ln.max_grad_norm or 0.0,      # DeepSpeed's 0: no clipping
         "steps_per_print": max(1, ln.checkpoint_every_steps),
         "wall_clock_breakdown": False,
         "zero_optimization": {"stage": stage},

@@ -115,6 +115,19 @@ class Export:
                                                "sync_each_batch": True}
         c["accelerator_config"] = acc
 
+    def trainer_clipping(self, c: dict, notes: list[str], passes_zero: bool = True) -> None:
+        """The Trainer's `max_grad_norm`: the planned clipping norm, 0 for none (the Trainer's
+        own default is 1.0). `passes_zero` False: the framework hands the Trainer only a
+        non-zero value (axolotl), so no clipping cannot be written; a note says so."""
+        norm = self.job.max_grad_norm
+        if norm or passes_zero:
+            c["max_grad_norm"] = norm or 0.0
+            return
+        c.pop("max_grad_norm", None)
+        notes.append("planned without gradient clipping, which this framework cannot write: it "
+                     "passes only a non-zero max_grad_norm, so the Trainer clips to 1.0 (one "
+                     "more pass over the gradients a step than planned)")
+
     def notes(self) -> list[str]:
         """What the framework's file cannot say exactly, for the header."""
         out = []
@@ -165,12 +178,13 @@ def dump_yaml(head: str, data: dict) -> str:
 
 def deepspeed_file(ln: Launch) -> tuple[str, str]:
     """(file name, text) of the DeepSpeed config a ZeRO plan's framework config names: the
-    `--to deepspeed` config (stage, offload, 16-bit mode), its batch fields "auto" so the
-    framework's own micro-batch and accumulation fill them (the HF Trainer's fill_match)."""
+    `--to deepspeed` config (stage, offload, 16-bit mode), its batch fields and its clipping
+    "auto", so the framework's own micro-batch, accumulation and max_grad_norm fill them (the HF
+    Trainer's fill_match)."""
     from .deepspeed import config
     c = config(ln)
     for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                "train_batch_size"):
+                "train_batch_size", "gradient_clipping"):
         c[key] = "auto"
     return "ds_config.json", json.dumps(c, indent=2) + "\n"
 

@@ -8,6 +8,7 @@ llama_factory.yaml`), in the keys configs/llamafactory.py reads.
                     double_quantization
     checkpointing   on by LLaMA-Factory's default; disable_gradient_checkpointing: true for none,
                     use_reentrant_gc for the kind
+    clipping        max_grad_norm (0: none; the Trainer's own default is 1.0)
     strategy        zero1-3: deepspeed: ds_config.json beside it; fsdp: accelerate_config.yaml
                     beside it (LLaMA-Factory runs FSDP through `accelerate launch`)
 """
@@ -44,6 +45,7 @@ def render(e: Export) -> dict[str, str]:
     c["per_device_train_batch_size"] = job.batch_size
     c["gradient_accumulation_steps"] = job.grad_accum
     e.trainer_sync(c, notes)
+    e.trainer_clipping(c, notes)
     _method(c, job)
     _precision(c, job, notes)
     c.pop("disable_gradient_checkpointing", None)

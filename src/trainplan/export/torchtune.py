@@ -10,6 +10,7 @@
                     whole after forward for ZeRO-1/2 plans (fsdp_reshard_after_forward false),
                     fsdp_cpu_offload for offload
     checkpointing   enable_activation_checkpointing
+    clipping        clip_grad_norm (null: none)
 """
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ def render(e: Export) -> dict[str, str]:
     c["tokenizer"]["max_seq_len"] = job.seq_len
     c["batch_size"] = job.batch_size
     c["gradient_accumulation_steps"] = job.grad_accum
+    c["clip_grad_norm"] = job.max_grad_norm          # null: none (the recipes' default)
     if holds_full_gradients(job):
         notes.append("torchtune reduce-scatters the gradients on every micro-batch (planned: "
                      "on the last only, full gradients held): less memory, more communication")

@@ -11,6 +11,7 @@ configs/trl.py reads.
                     vllm_gpu_memory_utilization, ds3_gather_for_generation (TRL's GRPOConfig has
                     no prompt length since it stopped truncating prompts: kept from the source
                     config when it had one, else said in the header)
+    clipping        max_grad_norm (0: none; the Trainer's own default is 1.0)
     strategy        zero1-3: deepspeed: ds_config.json beside it; fsdp: fsdp "full_shard
                     auto_wrap" (+ offload) with fsdp_config
 """
@@ -47,6 +48,7 @@ def render(e: Export) -> dict[str, str]:
     c["per_device_train_batch_size"] = job.batch_size
     c["gradient_accumulation_steps"] = job.grad_accum
     e.trainer_sync(c, notes)
+    e.trainer_clipping(c, notes)
     c["gradient_checkpointing"] = job.grad_checkpointing != "none"
     if job.grad_checkpointing != "none":
         c["gradient_checkpointing_kwargs"] = {"use_reentrant": job.reentrant_checkpointing}

@@ -46,6 +46,11 @@ class TrainplanCallback(TrainerCallback):
                                     "gradient_accumulation_steps / grad_accum")):
             if theirs != ours:
                 notes.append(f"Trainer and job differ: {name} {theirs} vs {ours}")
+        clip = getattr(args, "max_grad_norm", None) or None       # the Trainer's 0: no clipping
+        if clip != job.max_grad_norm:
+            notes.append("Trainer and job differ: max_grad_norm "
+                         f"{'none' if clip is None else f'{clip:g}'} vs "
+                         f"{'none' if job.max_grad_norm is None else f'{job.max_grad_norm:g}'}")
         rec.notes.extend(notes)
         self._rec = rec.__enter__()
 

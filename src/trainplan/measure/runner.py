@@ -7,7 +7,8 @@ factory calls; `OnDevice`, a mode beneath it, turns that `meta` into the real de
 module initialises its weights and buffers (rotary tables, position ids) on the device exactly as
 its own code does. Then, as in the tracer: activation checkpointing on the same blocks
 (`trace/checkpointing.py`), the same optimizer (`trace/optimizers.py`, foreach), channels-last,
-and one optimizer step = grad_accum x (forward + loss + backward) + step + zero_grad(set_to_none).
+and one optimizer step = grad_accum x (forward + loss + backward) + the job's gradient clipping
+(`max_grad_norm`; under fp16 after GradScaler's unscale_) + step + zero_grad(set_to_none).
 
 What the device runs natively instead of the tracer's emulation of it: CUDA autocast
 (`torch.autocast`), the SDPA backend PyTorch picks (forced with `sdpa_kernel` only when the job
@@ -35,7 +36,7 @@ from ..models.lora import LoraEmbedding, LoraLinear, QuantizedWeight, QuantLinea
 from ..models.reference import INIT_STD
 from ..spec import Job
 from ..trace.checkpointing import apply_checkpointing
-from ..trace.optimizers import build_optimizer
+from ..trace.optimizers import build_optimizer, clip_gradients
 from ..trace.semantics import KernelSemantics, attention_backend_for
 from ..trace.prepare import autocast_dtype, prepare_model
 from .device import describe_device, resolve_accelerator, resolve_device
@@ -252,6 +253,9 @@ def _measured(job, steps, warmup, dev, sem, say, alloc, accelerator, out, comman
             with autocast():
                 loss = bundle.loss(model(**fwd), inputs)
             (scaler.scale(loss) if scaler else loss).backward()
+        if scaler and job.max_grad_norm:
+            scaler.unscale_(opt)           # clip the true gradients (torch's AMP recipe)
+        clip_gradients(params, job.max_grad_norm)
         if scaler:
             scaler.step(opt)
             scaler.update()

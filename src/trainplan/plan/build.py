@@ -36,7 +36,8 @@ def _summary(job, cfg: Config | None) -> JobSummary:
                       optimizer=job.optimizer.name, strategy=job.strategy.name,
                       batch_size=job.batch_size, grad_accum=job.grad_accum, seq_len=job.seq_len,
                       image_size=job.image_size, lora_rank=job.lora.rank if job.lora else None,
-                      quantize=job.quantize.name, grad_checkpointing=job.grad_checkpointing)
+                      quantize=job.quantize.name, grad_checkpointing=job.grad_checkpointing,
+                      max_grad_norm=job.max_grad_norm)
 
 
 def plan_platform(planner: Planner, platform: Platform, jp, base_changes: list[str],

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
 
-SCHEMA_VERSION = "1.4"   # 1.1: max_micro_batch_size, required_bytes, *_label, calibration
+SCHEMA_VERSION = "1.5"   # 1.1: max_micro_batch_size, required_bytes, *_label, calibration
                          # 1.2: verdict TIGHT, fit_margin, headroom
                          # 1.3: step_phases_s; campaign (per platform and the plan's)
                          # 1.4: fit_band, fit_probability, max_micro_batch_size_with_band;
                          #      fixes[]: fit_state, cost, *_alone, user_change, source
+                         # 1.5: job.max_grad_norm
 READY = "READY"
 READY_WITH_CHANGES = "READY WITH CHANGES"
 TIGHT = "TIGHT"
@@ -248,6 +249,7 @@ class JobSummary:
     lora_rank: int | None
     quantize: str
     grad_checkpointing: str
+    max_grad_norm: float | None = None   # gradient clipping (None: none)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,9 @@ def estimate_text(est) -> None:
     verdict = f"[{colour}]{escape(word)}[/{colour}]" + (f" ({escape(why)})" if why else "")
     c.print(f"[bold]{escape(tr.model)}[/bold] on {job.gpus} x {est.accel.id} ({job.strategy.label}), "
             f"micro-batch {fmt_int(job.batch_size)}" + (f" x {fmt_int(tr.seq_len)} tokens" if tr.seq_len else "")
-            + f", {job.optimizer}: {verdict}")
+            + f", {job.optimizer}"
+            + (f" (gradients clipped to norm {job.max_grad_norm:g})" if job.max_grad_norm else "")
+            + f": {verdict}")
     c.print(f"precision: {job.precision.label}")
     if m.allocator == CUDA_EXPANDABLE.name:
         c.print("allocator: expandable segments (PYTORCH_CUDA_ALLOC_CONF="

@@ -367,6 +367,7 @@ SETTINGS = (
     ("LoRA rank", "job.lora_rank", None, "int"),
     ("quantization", "job.quantize", None, "text"),
     ("activation checkpointing", "job.grad_checkpointing", None, "text"),
+    ("gradient clipping (norm)", "job.max_grad_norm", None, "ratio"),
     ("optimizer steps", "steps", "steps", "int"),
 )
 

@@ -24,6 +24,14 @@ Two optimizers torch lacks are emulated with their state layout:
   moment is factored into a row vector (shape[:-1]) and a column vector (shape[:-2] + shape[-1:]),
   a 1-dim parameter keeps a full one; all in fp32. The per-parameter loop makes the update from
   grad^2 and the row x column outer product: two full-size fp32 temporaries of one parameter.
+
+Gradient clipping (`clip_gradients`, a job's `max_grad_norm`) runs before the update as torch's
+`clip_grad_norm_` does (torch/nn/utils/clip_grad.py): the L2 norm of every gradient
+(`_foreach_norm` per device and dtype group, or `linalg.vector_norm` one gradient at a time
+without foreach), their norm, the factor min(1, max_norm / (norm + 1e-6)), and every gradient
+scaled by it in place (`_foreach_mul_`). It reads every gradient twice and writes it once; its
+temporaries are one scalar a gradient. No host synchronisation: since torch 1.13 the factor stays
+on the device (`clamp`, not a Python `if`) unless `error_if_nonfinite` asks for one.
 """
 from __future__ import annotations
 
@@ -127,6 +135,13 @@ class Adafactor(torch.optim.Optimizer):
                     v.mul_(0.9).add_(update, alpha=0.1)
                     update = v.rsqrt().mul_(g)
                 p.add_(update.to(p.dtype), alpha=-group["lr"])
+
+
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float | None,
+                   foreach: bool = True) -> None:
+    """The job's gradient clipping (module docstring), nothing where `max_norm` is None."""
+    if max_norm:
+        torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=foreach)
 
 
 EMULATED = {"Adafactor": Adafactor, "Lion": Lion, "AdamW8bit": AdamW8bit,

@@ -36,7 +36,7 @@ from .facts import ModuleRow, OptimizerPart, Trace
 from .fake_cache import fake_mode
 from .log import CATEGORIES, GradientMade, Mark, TraceLog, downsample
 from .ops import OpRecord
-from .optimizers import build_optimizer
+from .optimizers import build_optimizer, clip_gradients
 from .prepare import (_hidden_size, _materialise, _quantized_note, _unit_bytes, compute_dtype,
                       count_parameters, dtype_split, prepare_model, stored_bytes)
 from .emulation import TargetSemantics
@@ -278,6 +278,7 @@ def _run(job, semantics: KernelSemantics, batch: int, setup: _Setup, extra_mode)
             job, bundle, batch, semantics, model, counter, setup.tracker, setup.sem)
         counter.phase = "optimizer"
         counter.marks.append(_mark(counter))
+        clip_gradients(params, job.max_grad_norm, semantics.optimizer_foreach)
         opt.step()
         counter.marks.append(_mark(counter))     # the gradients freed (derive/swap.py)
         opt.zero_grad(set_to_none=True)
@@ -310,6 +311,7 @@ def trace_optimizer(job, semantics: KernelSemantics, depth: int | None = None) -
                     counter.retag(p.grad, "gradients")
                 counter.phase, counter.count_ops = "optimizer", True
                 marks.append(_mark(counter))
+                clip_gradients(params, job.max_grad_norm, semantics.optimizer_foreach)
                 opt.step()
                 marks.append(_mark(counter))
                 opt.zero_grad(set_to_none=True)
