@@ -524,8 +524,9 @@ def extra_rows(with_skipped: bool = False) -> list[dict]:
             kw["quantize"] = r["quantize"]
         if "sequence-clas" in r["model"].lower():
             kw["task"] = "seq-classification"
-        if CLIPPED.get(extra_source(r["source_id"])):
-            kw["max_grad_norm"] = CLIPPED[extra_source(r["source_id"])]
+        source = extra_source(r["source_id"])
+        if source in CLIPPED:
+            kw["max_grad_norm"] = CLIPPED[source]
         if r["dims_json"]:
             kw["dims"] = tuple(sorted(dict(json.loads(r["dims_json"]), kind="decoder",
                                            dropout=0.0,
@@ -537,7 +538,7 @@ def extra_rows(with_skipped: bool = False) -> list[dict]:
             value, unit = int(r["micro_batch"]) * int(r["grad_accum"]) * n / value, "samples/s"
         elif unit.startswith("samples/s"):
             unit = "samples/s"
-        out.append(dict(source=extra_source(r["source_id"]), gpu=r["gpu"], n=n, jobkw=tuple(sorted(kw.items())),
+        out.append(dict(source=source, gpu=r["gpu"], n=n, jobkw=tuple(sorted(kw.items())),
                         optimizer_loop=OPTIMIZER_LOOPS and any(k in r["optimizer"]
                                                                for k in LOOP_OPTIMIZERS),
                         internode_gbps=stated_gbps(r["notes"]),
@@ -651,20 +652,20 @@ def _trace_one(r: dict):
     from trainplan.trace.tracer import trace_step
     try:
         job = make_job(r)
+        # what a published run's kernels did (our own `measure` runs: today's, as the tool sets)
+        published = dict(PUBLISHED_KERNELS, optimizer_foreach=not r.get("optimizer_loop"))
         if "argv" in r or "jobkw" in r:
             from trainplan.accelerators import get_accelerator
             from trainplan.predict.target import semantics_for
             sem = semantics_for(job, get_accelerator(r["gpu"]))
             if "argv" not in r:
-                sem = dataclasses.replace(sem, **PUBLISHED_KERNELS,
-                                          optimizer_foreach=not r.get("optimizer_loop"))
+                sem = dataclasses.replace(sem, **published)
         else:
             dt = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}.get(r["precision"])
             sem = KernelSemantics(attention=r["attention"], autocast_dtype=dt,
                                   channels_last=r["channels_last"],
                                   cudnn_grouped_direct=bool(r.get("cudnn_grouped_direct")),
-                                  optimizer_foreach=not r.get("optimizer_loop"),
-                                  **PUBLISHED_KERNELS)
+                                  **published)
         tr = trace_step(job, sem)
         table = summarize(tr)
         return trace_key(r), table.to_dict()

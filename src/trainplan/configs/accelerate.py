@@ -26,7 +26,7 @@ from pathlib import Path
 from .. import precision as prec_mod
 from ..errors import TrainplanError
 from . import deepspeed as ds_mod
-from .common import clipping_text, find_beside, known_keys, load_file
+from .common import clip_norm, clipping_text, find_beside, known_keys, load_file
 from .reading import Collector, Reading, show
 
 SHARDING = {"FULL_SHARD": "fsdp", "1": "fsdp", "SHARD_GRAD_OP": "zero2", "2": "zero2",
@@ -134,10 +134,7 @@ def _deepspeed(c: Collector, sections: dict) -> None:
     c.set(offload=offload)
     clip = sec.take("gradient_clipping")
     if clip not in (None, "auto", "none"):   # accelerate's DeepSpeedPlugin: DeepSpeed clips
-        clip = sec.number("gradient_clipping", clip)
-        if not clip >= 0:
-            raise sec.error("gradient_clipping", f"must be a number >= 0, got {show(clip)}.",
-                            fix="gradient_clipping: 1.0, or 0 for no clipping")
+        clip = clip_norm(sec, "gradient_clipping", clip)
         sec.read("gradient_clipping", clip, clipping_text(clip), max_grad_norm=clip or None)
     gas = sec.take("gradient_accumulation_steps")
     if gas not in (None, "auto"):

@@ -190,6 +190,16 @@ def optimizer(name: Any) -> tuple[str, str, bool]:
                     "parameter)", False
 
 
+def clip_norm(c, key: str, raw: Any, example: str = "1.0") -> float:
+    """A clipping norm as a file gives it: a number >= 0 (null is 0, no clipping), else one
+    error naming `key` (`c`: the reader's Collector); `example`: the value the fix suggests."""
+    norm = 0.0 if raw is None else c.number(key, raw)
+    if not norm >= 0:
+        raise c.error(key, f"must be a number >= 0, got {show(raw)}.",
+                      fix=f"{key}: {example}, or 0 for no clipping")
+    return norm
+
+
 def clipping_text(norm: float | None) -> str:
     """What a clipping norm plans, in words (None or 0: no clipping)."""
     return (f"gradients clipped to global norm {show(norm)} before every step (a pass reading "

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TrainplanError
-from .common import clipping_text, known_keys
+from .common import clip_norm, clipping_text, known_keys
 from .reading import Collector, Reading, show
 
 AUTO = "auto"
@@ -171,10 +171,7 @@ def _clipping(c: Collector, beside: Trainer | None) -> None:
         c.read(key, raw, f"{clipping_text(norm)} (max_grad_norm of {b.source})",
                max_grad_norm=norm)
         return
-    norm = 0.0 if raw is None else c.number(key, raw)
-    if not norm >= 0:
-        raise c.error(key, f"must be a number >= 0, got {show(raw)}.",
-                      fix=f"{key}: 1.0, or 0 for no clipping")
+    norm = clip_norm(c, key, raw)
     theirs = b.max_grad_norm or 0.0
     if b.strict and b.source != "nothing" and norm != theirs:
         raise c.error(key, f"{show(norm)} while {b.source} clips to {show(theirs)} "

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import deepspeed as ds_mod
-from .common import clipping_text, find_beside, load_file, optimizer
+from .common import clip_norm, clipping_text, find_beside, load_file, optimizer
 from .reading import Collector, Reading, show
 
 # TrainingArguments keys that change memory or time when set, and what trainplan plans instead
@@ -118,10 +118,7 @@ def read_clipping(c: Collector, key: str = "max_grad_norm", default: float | Non
     `if cfg.max_grad_norm:`), so 0 leaves the Trainer's default."""
     if key in c.data:
         raw = c.take(key)
-        norm = 0.0 if raw is None else c.number(key, raw)
-        if not norm >= 0:
-            raise c.error(key, f"must be a number >= 0, got {show(raw)}.",
-                          fix=f"{key}: 1.0 (the Trainer's default), or 0 for no clipping")
+        norm = clip_norm(c, key, raw, "1.0 (the Trainer's default)")
         if not norm and not passes_zero and default:
             c.read(key, raw, f"not passed on (only a non-zero value is): the Trainer's "
                              f"{show(default)} applies, {clipping_text(default)}",
