@@ -28,6 +28,8 @@ else: this script never makes up a number.
     python scripts/measure_matrix.py --only gpt2 --steps 20
     python scripts/measure_matrix.py --only "llama-3.2-1b-lora b8" --allocator both
     python scripts/measure_matrix.py --summary                 # table from the records
+    python scripts/measure_matrix.py --matrix profile --steps 5 --warmup 2   # PROFILE_MATRIX,
+                                                # each run profiled (measure --profile)
     trainplan calibrate --records validation/measured/<accelerator>/records.jsonl
 """
 from __future__ import annotations
@@ -56,6 +58,36 @@ MODELS = {
     "vit-b16": (["--model", "timm:vit_base_patch16_224", "--image-size", "224"], (64, 128)),
 }
 CHECKPOINTING = ("none", "full")
+# `--matrix profile`: the jobs whose step time the model gets most wrong on our H100 and H200
+# (validation/results/time_validation.md), each with `measure --profile`, so that one short
+# GPU session says whether the kernels or the host are mispredicted: NCHW ResNet-50 in bf16
+# with and without checkpointing (and channels-last beside it), GPT-2 (+22 to +35%), BERT-large
+# and ViT-B checkpointed, Qwen2.5-0.5B (predicted too slow) and GLF-CR (host-bound). Nine runs,
+# each its own process (not yet timed on a GPU: --timeout caps each).
+PROFILE_MATRIX = {
+    "resnet50 b64 bf16-amp": ["--model", "torchvision:resnet50", "--image-size", "224",
+                              "--batch-size", "64", "--precision", "bf16-amp"],
+    "resnet50 b64 bf16-amp ckpt=full": ["--model", "torchvision:resnet50", "--image-size", "224",
+                                        "--batch-size", "64", "--precision", "bf16-amp",
+                                        "--grad-checkpointing", "full"],
+    "resnet50 b64 bf16-amp channels-last": ["--model", "torchvision:resnet50", "--image-size",
+                                            "224", "--batch-size", "64", "--precision",
+                                            "bf16-amp", "--channels-last"],
+    "gpt2 b8 bf16-amp": ["--model", "hf:openai-community/gpt2", "--seq-len", "1024",
+                         "--batch-size", "8", "--precision", "bf16-amp"],
+    "gpt2 b8 bf16-amp ckpt=full": ["--model", "hf:openai-community/gpt2", "--seq-len", "1024",
+                                   "--batch-size", "8", "--precision", "bf16-amp",
+                                   "--grad-checkpointing", "full"],
+    "bert-large b8 bf16-amp ckpt=full": ["--model", "hf:google-bert/bert-large-uncased",
+                                         "--seq-len", "512", "--batch-size", "8", "--precision",
+                                         "bf16-amp", "--grad-checkpointing", "full"],
+    "vit-b16 b64 bf16-amp ckpt=full": ["--model", "timm:vit_base_patch16_224", "--image-size",
+                                       "224", "--batch-size", "64", "--precision", "bf16-amp",
+                                       "--grad-checkpointing", "full"],
+    "qwen2.5-0.5b b8 bf16-amp": ["--model", "hf:Qwen/Qwen2.5-0.5B", "--seq-len", "1024",
+                                 "--batch-size", "8", "--precision", "bf16-amp"],
+    "glf-cr single": ["examples/glf-cr-2xt4.yaml", "--gpus", "1", "--strategy", "single"],
+}
 
 
 def precisions(full: str) -> tuple[str, str]:
@@ -71,7 +103,12 @@ def precisions(full: str) -> tuple[str, str]:
 ALLOCATORS = {"default": ("",), "expandable": (" expandable",), "both": ("", " expandable")}
 
 
-def matrix(full: str, only: list[str], allocator: str = "default") -> list[tuple[str, list[str]]]:
+def matrix(full: str, only: list[str], allocator: str = "default",
+           which: str = "main") -> list[tuple[str, list[str]]]:
+    if which == "profile":
+        return [(label, [*flags, "--optimizer", "adamw"] if "--model" in flags else flags)
+                for label, flags in PROFILE_MATRIX.items()
+                if not only or any(o in label for o in only)]
     runs = []
     for (name, (flags, batches)), prec, ckpt, alloc in itertools.product(
             MODELS.items(), precisions(full), CHECKPOINTING, ALLOCATORS[allocator]):
@@ -108,11 +145,13 @@ def predicted_fit(flags: list[str], accelerator: str | None) -> dict | None:
 
 
 def run(args) -> int:
-    runs = matrix(args.full_precision, args.only, args.allocator)
+    runs = matrix(args.full_precision, args.only, args.allocator, args.matrix)
     out = Path(args.out) if args.out else default_out()
     failures = out.with_suffix(".failures.jsonl")
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--out", str(out),
               "--format", "json"]
+    if args.profile or args.matrix == "profile":
+        common.append("--profile")
     if args.accelerator:
         common += ["--accelerator", args.accelerator]
     if args.dry_run:
@@ -243,10 +282,44 @@ def summary(args) -> int:
                   f"{statistics.median(by_wait[False]):.1%} ({len(by_wait[False])} runs); the "
                   f"runs predicted to wait longer: {statistics.median(by_wait[True]):.1%} "
                   f"({len(by_wait[True])} runs)"]
+    lines += kernel_lines(recs)
     md = out.with_name("summary.md")
     md.write_text("\n".join(lines).rstrip() + "\n")
     print(md.read_text())
     return 0
+
+
+def kernel_lines(recs: list[dict]) -> list[str]:
+    """The profiled records' device time by kernel class, predicted against measured
+    (measure/compare.py kernel_comparison): one row a record, one column a class."""
+    from trainplan.measure.compare import kernel_comparison
+    rows = [(r, kernel_comparison(r)) for r in recs]
+    rows = [(r, k) for r, k in rows if k]
+    if not rows:
+        return []
+    cols = []
+    for _, k in rows:
+        cols += [x.quantity.strip() for x in k if x.quantity.strip() not in cols]
+    out = ["", "## Device time by kernel class (`measure --profile`)", "",
+           "One profiled step a record (measure/profile.py): each cell predicted / measured "
+           "milliseconds (error). `device idle`: the step beyond its kernels (the host issuing "
+           "them, synchronisations).", "",
+           "| job | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for r, k in rows:
+        j = r["job"]
+        by = {x.quantity.strip(): x for x in k}
+        cell = []
+        for c in cols:
+            x = by.get(c)
+            if x is None:
+                cell.append("-")
+                continue
+            pred = f"{x.predicted * 1e3:.1f}" if x.predicted is not None else "-"
+            err = f" ({x.error:+.0%})" if x.error is not None else ""
+            cell.append(f"{pred} / {x.measured * 1e3:.1f}{err}")
+        out.append(f"| {j['model']} b{j['batch_size']} {j['precision']} "
+                   f"ckpt={j.get('grad_checkpointing', 'none')} | " + " | ".join(cell) + " |")
+    return out
 
 
 def main() -> int:
@@ -262,6 +335,10 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run")
     ap.add_argument("--allocator", choices=tuple(ALLOCATORS), default="default",
                     help="the caching allocator's mode: default, expandable (segments), or both")
+    ap.add_argument("--matrix", choices=("main", "profile"), default="main",
+                    help="main: the 40 runs above; profile: PROFILE_MATRIX, each profiled")
+    ap.add_argument("--profile", action="store_true",
+                    help="run each job with `measure --profile` (device time by kernel class)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--summary", action="store_true", help="write summary.md from the records")
     ap.add_argument("--repredict", action="store_true",

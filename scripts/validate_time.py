@@ -102,7 +102,8 @@ def reason(r: dict, tables: dict, params) -> str:
     optimizer, communication), and the kernel class that takes the most device time."""
     from trainplan.accelerators import get_accelerator
     from trainplan.predict.optable import OpTable
-    from trainplan.predict.timing import estimate_step_time, kernel_classes, op_times
+    from trainplan.predict.timing import KERNEL_CLASS_NAMES as names
+    from trainplan.predict.timing import estimate_step_time
     d = tables.get(cal.trace_key(r))
     if not d or "error" in d:
         return "-"
@@ -114,10 +115,7 @@ def reason(r: dict, tables: dict, params) -> str:
              "comm": st.breakdown_s["communication"]}
     top = ", ".join(f"{k} {v / st.step_time_s:.0%}" for k, v in
                     sorted(parts.items(), key=lambda x: -x[1])[:3] if v > 0)
-    t, _ = op_times(table, accel, job.precision, params)
-    k = kernel_classes(table)
-    names = ("matmul", "conv", "attention", "norm", "elementwise", "optimizer", "depthwise")
-    by = {names[c]: float((t * table.count)[k == c].sum()) for c in range(len(names))}
+    by = {c: st.device_by_class_s.get(c, 0.0) for c in names}
     cls = max(by, key=by.get)
     return f"{top}; {cls} {by[cls] / max(sum(by.values()), 1e-12):.0%} of device time"
 

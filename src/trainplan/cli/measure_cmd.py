@@ -25,6 +25,10 @@ def measure_command_parser(sub) -> None:
     p.add_argument("--accelerator", help="catalog id of this device (default: detected from the "
                                          "CUDA device name)")
     p.add_argument("--device", default="auto", help="auto (cuda if present), cuda, cuda:N or cpu")
+    p.add_argument("--profile", action="store_true",
+                   help="also run one untimed step under PyTorch's profiler: device time by "
+                        "kernel class (matmul, conv, attention, ...) and idle time, predicted "
+                        "against measured")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=measure_command)
 
@@ -37,6 +41,12 @@ def measure_command(args: argparse.Namespace) -> int:
         lambda msg: console().print(f"[dim]{msg}[/dim]"))
     from ..measure.records import check_records_file
     check_records_file(args.out)      # before the run, not once its record is made
+    if args.task == "generate" and args.profile:
+        from ..errors import TrainplanError
+        raise TrainplanError("--profile profiles a training step; --task generate times a "
+                             "generate call.",
+                             fix="drop --profile, or profile the training step (no --task "
+                                 "generate)")
     if args.task == "generate":
         from ..measure.generate import run_generation
         prompt, completion = args.prompt_len, args.completion_len
@@ -51,7 +61,8 @@ def measure_command(args: argparse.Namespace) -> int:
         job = job_from_args(args, args.job_file_pos)
         rec, path = run_measurement(job, steps=args.steps, warmup=args.warmup,
                                     device=args.device, accelerator=args.accelerator,
-                                    out=args.out, command=command, progress=progress)
+                                    out=args.out, command=command, progress=progress,
+                                    profile=args.profile)
     if args.format == "json":
         print(json.dumps(rec, indent=2))
     else:

@@ -46,3 +46,29 @@ def comparison(rec: dict) -> list[Row]:
     if rec["device"].get("type") == "cpu":
         rows.append(Row("process peak RSS", "bytes", None, m.get("peak_rss_bytes")))
     return rows
+
+
+def kernel_comparison(rec: dict) -> list[Row]:
+    """A profiled step's device time by kernel class against the prediction's (`measure
+    --profile`, measure/profile.py), then all kernels together and the time the device sat
+    idle (the step beyond its kernels: the host issuing them, synchronisations). Empty where
+    the record has no profile. Depthwise convolutions are convolutions here: a profiler's op
+    name cannot tell them apart."""
+    m, p = rec["measured"], rec.get("predicted") or {}
+    prof = m.get("profile")
+    if not prof:
+        return []
+    pred = dict(p.get("device_by_class_s") or {})
+    if pred:
+        pred["conv"] = pred.get("conv", 0.0) + pred.pop("depthwise", 0.0)
+    from ..predict.timing import KERNEL_CLASS_NAMES
+    meas = prof["by_class_s"]
+    rows = [Row(f"  {cls}", "s", pred.get(cls) if pred else None, meas.get(cls, 0.0))
+            for cls in KERNEL_CLASS_NAMES if meas.get(cls) or pred.get(cls)]
+    kernels = sum(pred.values()) if pred else None
+    rows.append(Row("kernels, all", "s", kernels, prof["device_s"]))
+    step = p.get("device_step_time_s")
+    rows.append(Row("device idle (host, syncs)", "s",
+                    max(0.0, step - kernels) if step is not None and kernels is not None
+                    else None, max(0.0, m["step_time_s"] - prof["device_s"])))
+    return rows

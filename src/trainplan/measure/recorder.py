@@ -64,6 +64,9 @@ class Predicted:
     # of device_step_time_s, the seconds the device waits on the host issuing its kernels (the
     # host/device queue, predict/host.py): what separates a host error from a kernel error
     host_wait_s: float | None = None
+    # the step's kernel time by class (StepTime.device_by_class_s), what `measure --profile`
+    # compares with the kernels that ran
+    device_by_class_s: dict | None = None
 
 
 def check_measurable(job: Job) -> None:
@@ -130,7 +133,8 @@ def predict(job: Job, accel_id: str) -> Predicted:
         kernel_semantics={"attention": tr.semantics.attention,
                           "autocast_dtype": tr.semantics.autocast_dtype},
         calibrated_step_time_s=cal.step_time_s if cal_info else None, calibration=cal_info,
-        host_wait_s=t.breakdown_s.get("overhead") if t is not None else None)
+        host_wait_s=t.breakdown_s.get("overhead") if t is not None else None,
+        device_by_class_s=dict(t.device_by_class_s) if t is not None else None)
 
 
 class Recorder:

@@ -40,6 +40,7 @@ from ..trace.optimizers import build_optimizer, clip_gradients
 from ..trace.semantics import KernelSemantics, attention_backend_for
 from ..trace.prepare import autocast_dtype, prepare_model
 from .device import describe_device, resolve_accelerator, resolve_device
+from .profile import OPTIMIZER_RANGE, phase, profiled_step
 from .recorder import Recorder, check_measurable
 
 
@@ -221,19 +222,23 @@ def make_inputs(job: Job, bundle: ModelBundle, dev: torch.device, sem: KernelSem
 
 def run_measurement(job: Job, steps: int = 10, warmup: int = 3, device: str | None = None,
                     accelerator: str | None = None, out=None, command: str | None = None,
-                    progress=None, write: bool = True) -> tuple[dict, object]:
+                    progress=None, write: bool = True, profile: bool = False
+                    ) -> tuple[dict, object]:
     """Run `warmup + steps` optimizer steps of `job` and return (record, path it was appended to).
 
     `accelerator` (catalog id) names the device for the prediction; by default it is detected
     from the CUDA device name. `out` is the JSON-lines file (default $TRAINPLAN_HOME).
+    `profile`: one more step, untimed, under PyTorch's profiler (measure/profile.py): the
+    record's `measured.profile`, its device time by kernel class.
     """
     dev, info, acc, sem, say = on_device(job, steps, device, accelerator, progress)
     with allocator_settings(job, dev) as alloc:
         return _measured(job, steps, warmup, dev, sem, say, alloc, accelerator, out, command,
-                         write)
+                         write, profile)
 
 
-def _measured(job, steps, warmup, dev, sem, say, alloc, accelerator, out, command, write):
+def _measured(job, steps, warmup, dev, sem, say, alloc, accelerator, out, command, write,
+              profile=False):
     """`run_measurement`'s steps, under the job's allocator settings."""
     bundle, blocks = build_on_device(job, sem, dev)
     model = bundle.module
@@ -253,15 +258,16 @@ def _measured(job, steps, warmup, dev, sem, say, alloc, accelerator, out, comman
             with autocast():
                 loss = bundle.loss(model(**fwd), inputs)
             (scaler.scale(loss) if scaler else loss).backward()
-        if scaler and job.max_grad_norm:
-            scaler.unscale_(opt)           # clip the true gradients (torch's AMP recipe)
-        clip_gradients(params, job.max_grad_norm)
-        if scaler:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+        with phase(OPTIMIZER_RANGE):       # a profiler range (measure/profile.py), else free
+            if scaler and job.max_grad_norm:
+                scaler.unscale_(opt)           # clip the true gradients (torch's AMP recipe)
+            clip_gradients(params, job.max_grad_norm)
+            if scaler:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
         return loss.detach()
 
     notes = list(bundle.notes)
@@ -280,6 +286,9 @@ def _measured(job, steps, warmup, dev, sem, say, alloc, accelerator, out, comman
             except torch.OutOfMemoryError:
                 raise _oom(job, dev, i + 1) from None
             rec.step(loss)
+        if profile:
+            say("profiling one more step (not timed)")
+            prof = profiled_step(one_step, dev)
     settings = {"steps": steps, "device": str(dev), "grad_scaler": scaler is not None,
                 "sdpa_backend_forced": job.attention if _forced(job, dev) else None,
                 "checkpointed_blocks": len(blocks), "inputs": "synthetic, reused every step",
@@ -290,7 +299,8 @@ def _measured(job, steps, warmup, dev, sem, say, alloc, accelerator, out, comman
     say("predicting the same job with trainplan")
     return rec.finish(source="measure", command=command or shlex.join(sys.argv),
                       accelerator=accelerator, settings=settings, notes=notes, out=out,
-                      write=write)
+                      write=write,
+                      extra_measured=(lambda m: dict(m, profile=prof)) if profile else None)
 
 
 def _oom(job: Job, dev: torch.device, step: int) -> TrainplanError:

@@ -41,6 +41,7 @@ when it has workers.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -76,6 +77,10 @@ class StepTime:
     n_devices: int = 1
     notes: list = field(default_factory=list)
     forward_s: float = 0.0      # one micro-batch's forward alone (a reference model's pass)
+    # the step's kernel time by class (KERNEL_CLASS_NAMES): every micro-batch's forward and
+    # backward kernels, and the optimizer's as `breakdown_s` counts them (what `trainplan
+    # measure --profile` compares with the kernels a profiled step ran)
+    device_by_class_s: dict = field(default_factory=dict)
 
 
 def _rates(accel, precision: Precision) -> tuple[np.ndarray, np.ndarray]:
@@ -97,7 +102,31 @@ def _rates(accel, precision: Precision) -> tuple[np.ndarray, np.ndarray]:
 
 # Kernel classes: what limits an op once it is memory-bound or tiny (see op_times)
 K_MATMUL, K_CONV, K_ATTN, K_NORM, K_OTHER, K_OPTIM, K_DWCONV = range(7)
+KERNEL_CLASS_NAMES = ("matmul", "conv", "attention", "norm", "elementwise", "optimizer",
+                      "depthwise")
 _NORM_OPS = ("batch_norm", "layer_norm", "group_norm", "rms_norm", "softmax", "_log_softmax")
+
+
+@functools.lru_cache(maxsize=1)
+def _gemm_op_names() -> frozenset:
+    from ..trace.ops import MATMUL_OPS       # imports torch: only where a profile is read
+    return frozenset(str(p).split(".")[-1] for p in MATMUL_OPS) | {"linear", "matmul"}
+
+
+def op_name_class(name: str) -> int:
+    """The kernel class of an aten op known only by its name (`aten::mm`, a profiler's event):
+    a GEMM (trace/ops.py MATMUL_OPS, or cuDNN's `cudnn_convolution*` that `convolution` runs,
+    which is a convolution), fused attention (any SDPA backend's kernel op), a norm, else an
+    elementwise or other memory-bound op. A name cannot tell a depthwise convolution (it is
+    `conv`) nor an optimizer's op from the model's (the caller knows which step phase ran it)."""
+    op = name.split("::", 1)[-1]
+    if "conv" in op and not op.startswith("_foreach"):
+        return K_CONV
+    if op in _gemm_op_names():
+        return K_MATMUL
+    if "attention" in op and op != "_scaled_dot_product_attention_math":
+        return K_ATTN
+    return K_NORM if any(k in op for k in _NORM_OPS) else K_OTHER
 
 
 def kernel_classes(table: OpTable) -> np.ndarray:
@@ -414,9 +443,13 @@ def estimate_step_time(trace, accel, job, calibration: TimeParams | None = None,
     kinds = {"compute": breakdown["compute"], "memory": breakdown["memory_bound"]
              + breakdown["overhead"] + opt, "communication": comm, "data": data_wait,
              "offload": host_update}
+    by_class = np.bincount(kernel_classes(table)[mb], weights=td[mb],
+                           minlength=len(KERNEL_CLASS_NAMES)) * k
+    by_class[K_OPTIM] = opt
     return StepTime(step, breakdown, samples, samples * tps if tps else None, mfu,
                     max(kinds, key=kinds.get), XLA_COMPILE_S if accel.kind == "tpu" else None,
-                    n, notes, forward_s=t_fwd)
+                    n, notes, forward_s=t_fwd,
+                    device_by_class_s=dict(zip(KERNEL_CLASS_NAMES, map(float, by_class))))
 
 
 def _timed(table: OpTable, accel, precision: Precision, p: TimeParams, k: int,

@@ -52,6 +52,7 @@ def measure_text(rec: dict, path) -> None:
         err = f"{r.error:+.1%}" if r.error is not None else "-"
         tab.add_row(r.quantity, _fmt(r.predicted, r.unit), _fmt(r.measured, r.unit), err)
     c.print(tab)
+    _kernel_table(rec)
     spread = sorted(m["step_times_s"])
     what = "generate calls" if rec["source"] == "measure-generate" else "step times"
     c.print(f"{what}: median {fmt_seconds(m['step_time_s'])}, mean "
@@ -65,6 +66,29 @@ def measure_text(rec: dict, path) -> None:
         c.print(f"note: {n}")
     if path:
         c.print(f"record appended to {path}")
+
+
+def _kernel_table(rec: dict) -> None:
+    """`measure --profile`: the profiled step's device time by kernel class beside the
+    prediction's (measure/compare.py kernel_comparison), and its busiest ops."""
+    from ..measure.compare import kernel_comparison
+    rows = kernel_comparison(rec)
+    if not rows:
+        return
+    prof = rec["measured"]["profile"]
+    tab = Table(title=f"device time a step, by kernel class (one profiled step, "
+                      f"{prof['device']})", show_edge=False)
+    for col, just in (("kernels", "left"), ("predicted", "right"), ("measured", "right"),
+                      ("error", "right")):
+        tab.add_column(col, justify=just)
+    for r in rows:
+        err = f"{r.error:+.1%}" if r.error is not None else "-"
+        tab.add_row(r.quantity, _fmt(r.predicted, r.unit), _fmt(r.measured, r.unit), err)
+    console().print(tab)
+    top = ", ".join(f"{o['op'].removeprefix('aten::')} {fmt_seconds(o['device_s'])}"
+                    for o in prof["top_ops"][:5])
+    if top:
+        console().print(f"busiest ops: {top}")
 
 
 def calibrate_text(cals: dict, path, kept: list[str], skipped: list[str],
