@@ -67,10 +67,11 @@ def _in_optimizer(e) -> bool:
     return False
 
 
-def profiled_step(step, dev: torch.device) -> dict:
+def profiled_step(step, dev: torch.device) -> dict | None:
     """Run `step()` (one optimizer step, its optimizer part inside `phase(OPTIMIZER_RANGE)`)
     under the profiler; return the device seconds by kernel class, the device's busy seconds and
-    the ops with the most device time (module docstring)."""
+    the ops with the most device time (module docstring). None where the profiler saw no kernel
+    on a CUDA device (no CUPTI in this PyTorch build or driver: nothing to compare)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     on_cpu = dev.type != "cuda"
@@ -106,6 +107,8 @@ def profiled_step(step, dev: torch.device) -> dict:
     else:
         busy = sum(e.time_range.elapsed_us() for e in events
                    if e.device_type == DeviceType.CUDA)
+        if busy <= 0:
+            return None
         by_class["elementwise"] += max(0.0, busy - attributed) * 1e-6
     top = sorted(per_op.items(), key=lambda kv: -kv[1][0])[:TOP_OPS]
     by_class.pop("depthwise")          # a name cannot tell one (op_name_class): it is a conv

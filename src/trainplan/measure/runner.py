@@ -289,6 +289,9 @@ def _measured(job, steps, warmup, dev, sem, say, alloc, accelerator, out, comman
         if profile:
             say("profiling one more step (not timed)")
             prof = profiled_step(one_step, dev)
+            if prof is None:
+                notes.append("--profile: PyTorch's profiler saw no CUDA kernel (no CUPTI in this "
+                             "build or driver?); nothing to compare by kernel class")
     settings = {"steps": steps, "device": str(dev), "grad_scaler": scaler is not None,
                 "sdpa_backend_forced": job.attention if _forced(job, dev) else None,
                 "checkpointed_blocks": len(blocks), "inputs": "synthetic, reused every step",
@@ -300,7 +303,8 @@ def _measured(job, steps, warmup, dev, sem, say, alloc, accelerator, out, comman
     return rec.finish(source="measure", command=command or shlex.join(sys.argv),
                       accelerator=accelerator, settings=settings, notes=notes, out=out,
                       write=write,
-                      extra_measured=(lambda m: dict(m, profile=prof)) if profile else None)
+                      extra_measured=(lambda m: dict(m, profile=prof)) if profile and prof
+                      else None)
 
 
 def _oom(job: Job, dev: torch.device, step: int) -> TrainplanError:
