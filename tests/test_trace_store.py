@@ -3,6 +3,7 @@ same answers, and never reads a trace made from anything else."""
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,22 +55,49 @@ def test_a_step_read_off_another_is_kept_and_read_back(where):
     assert _answers(a) == _answers(b)
 
 
-def test_what_reads_only_traces_made_reads_the_stored_ones_too(where):
-    # a memory curve (plan/extras.py) reads only traces already made (`made_only`); one an
-    # earlier run stored is made: the curve of a warm plan has the points of the cold one
+def test_what_reads_only_traces_made_reads_only_this_runs(where):
+    # a memory curve (plan/extras.py) reads only traces already made (`made_only`): those this
+    # run made or read for its plan. A warm plan reads the same ones from the store as it plans,
+    # so its curve is the cold one's; a trace another command stored is not read there, so a
+    # report does not depend on what else was traced before
     job = tiny_job(batch_size=1)
     sem = semantics_for(job, T4)
     first = Traces()
     evaluate(job, T4, traces=first)            # micro-batch 1 and its anchor, traced and stored
     second = Traces()
-    with second.made_only():
-        second.prefetch([(job, sem, 1)])       # raised Deferred: only the cache was looked in
-        ev = evaluate(job, T4, traces=second)
+    with second.made_only(), pytest.raises(Deferred):
+        second.prefetch([(job, sem, 1)])       # stored by another run: not read within
+    ev = evaluate(job, T4, traces=second)      # planning reads it from the store
     assert second.traced == 0 and second.loaded == first.traced
+    with second.made_only():
+        second.prefetch([(job, sem, 1)])       # now this run's: read within
+        assert _answers(evaluate(job, T4, traces=second)) == _answers(ev)
     assert _answers(ev) == _answers(evaluate(job, T4, traces=first))
     with second.made_only(), pytest.raises(Deferred):   # one never made is still not made
         second.prefetch([(job.with_(optimizer="sgd"), sem, 1)])
     assert second.traced == 0
+
+
+def test_a_plans_memory_curve_does_not_depend_on_other_commands_traces(tmp_path, monkeypatch,
+                                                                     capsys):
+    # a batch-1 trace another command stored (an estimate at micro-batch 1) used to add a row
+    # to the plan's memory curves, so the report depended on what was traced before it
+    from trainplan.cli.main import main
+    job = str(Path(__file__).resolve().parents[1] / "examples" / "graphmer-se.yaml")
+
+    def curves(name: str, before=()) -> list:
+        monkeypatch.setenv(store.ENV, str(tmp_path / name))
+        for argv in before:
+            assert main(argv) == 0
+        capsys.readouterr()
+        assert main(["plan", job, "--format", "json", "-q"]) == 0
+        return json.loads(capsys.readouterr().out)["memory_vs_micro_batch"]
+
+    alone = curves("alone")
+    assert alone and all(p["micro_batch_size"] != 1 for c in alone for p in c["points"])
+    after = curves("after", [["estimate", job, "--gpu", g, "--batch-size", "1", "-q"]
+                             for g in ("t4", "tpu-v5e-1")])
+    assert after == alone
 
 
 def test_a_different_job_or_batch_is_a_different_key(where):

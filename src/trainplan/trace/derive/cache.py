@@ -265,10 +265,15 @@ class TraceCache(Rounds):
     def _held(self, job, sem: KernelSemantics, batch: int, depth: int | None) -> bool:
         """Whether the trace is in this cache, after reading it from the disk store or taking
         its attention twin's where it is there: what `fill` traces only where it is not, and
-        `prefetch`, while deferring, defers only where it is not (so a memory curve, within
-        `made_only`, reads the traces an earlier run stored as the run that made them does)."""
+        `prefetch`, while deferring, defers only where it is not. Within `made_only`, only what
+        this cache holds already: the traces this run made or read for its plan (a warm run
+        reads from the store the ones a cold run made, so its memory curve is the cold one's),
+        never one another command stored, so a curve lists the same micro-batches whatever else
+        was traced before."""
         key = self._key(job, sem, depth)
         at = key + (batch,)
+        if not may_trace():
+            return at in self._exact
         if at not in self._exact and at not in self._absent:
             self._load(key, job, sem, batch, depth)
             if at not in self._exact:    # not stored: not looked for again (what this process

@@ -91,9 +91,11 @@ class Rounds:
 
     @contextlib.contextmanager
     def made_only(self):
-        """Within: read only traces made already (in this cache, or in the disk store from an
-        earlier run); asking for any other raises `Deferred`, generation forwards included, so
-        the caller leaves out what would need a new trace (plan/extras.py's memory curves)."""
+        """Within: read only the traces this cache holds already (made or read by this run's
+        plan; not one another command left in the disk store, which would make a report depend
+        on what else was traced); asking for any other raises `Deferred`, generation forwards
+        included, so the caller leaves out what would need a new trace (plan/extras.py's memory
+        curves)."""
         old, token = self.deferring, _MAKING.set(False)
         self.deferring = []
         try:
