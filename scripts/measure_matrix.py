@@ -130,13 +130,23 @@ def default_out() -> Path:
     return ROOT / "validation" / "measured" / tag / "records.jsonl"
 
 
+def _env() -> dict:
+    """The runs' environment: this checkout's `src` first on PYTHONPATH, so that a GPU machine
+    whose Python has torch and transformers but not trainplan installed runs this code."""
+    import os
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH"))
+                                        if p)
+    return env
+
+
 def predicted_fit(flags: list[str], accelerator: str | None) -> dict | None:
     """trainplan's own verdict for a failed run (did it predict the OOM?)."""
     if not accelerator:
         return None
     cmd = [sys.executable, "-m", "trainplan.cli.main", "estimate", *flags, "--gpu", accelerator,
            "--format", "json"]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=_env())
     if p.returncode:
         return {"error": p.stderr.strip()[-500:]}
     d = json.loads(p.stdout)
@@ -169,7 +179,7 @@ def run(args) -> int:
         cmd = [sys.executable, "-m", "trainplan.cli.main", "measure", *flags, *common]
         t0 = time.time()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+            p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=_env(),
                                timeout=args.timeout)
             rc, err = p.returncode, p.stderr
         except subprocess.TimeoutExpired:
