@@ -61,15 +61,18 @@ CHECKPOINTING = ("none", "full")
 # `--matrix profile`: the jobs whose step time the model gets most wrong on our H100 and H200
 # (validation/results/time_validation.md), each with `measure --profile`, so that one short
 # GPU session says whether the kernels or the host are mispredicted: NCHW ResNet-50 in bf16
-# with and without checkpointing (and channels-last beside it), GPT-2 (+22 to +35%), BERT-large
-# and ViT-B checkpointed, Qwen2.5-0.5B (predicted too slow) and GLF-CR (host-bound). Nine runs,
-# each its own process (not yet timed on a GPU: --timeout caps each).
+# with and without checkpointing, in TF32 (predicted too slow: how many of cuDNN's NCHW<->NHWC
+# transposes a TF32 convolution pays, `nchw_passes`), and channels-last beside them; GPT-2 (+22
+# to +35%), BERT-large and ViT-B checkpointed, Qwen2.5-0.5B (predicted too slow) and GLF-CR
+# (host-bound). Ten runs, each its own process (not yet timed on a GPU: --timeout caps each).
 PROFILE_MATRIX = {
     "resnet50 b64 bf16-amp": ["--model", "torchvision:resnet50", "--image-size", "224",
                               "--batch-size", "64", "--precision", "bf16-amp"],
     "resnet50 b64 bf16-amp ckpt=full": ["--model", "torchvision:resnet50", "--image-size", "224",
                                         "--batch-size", "64", "--precision", "bf16-amp",
                                         "--grad-checkpointing", "full"],
+    "resnet50 b64 tf32": ["--model", "torchvision:resnet50", "--image-size", "224",
+                          "--batch-size", "64", "--precision", "tf32"],
     "resnet50 b64 bf16-amp channels-last": ["--model", "torchvision:resnet50", "--image-size",
                                             "224", "--batch-size", "64", "--precision",
                                             "bf16-amp", "--channels-last"],
