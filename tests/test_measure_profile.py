@@ -52,7 +52,10 @@ def test_profiled_step_partitions_its_time_and_knows_the_optimizer():
             opt.step()
             opt.zero_grad(set_to_none=True)
 
+    import contextlib
+    assert isinstance(phase(OPTIMIZER_RANGE), contextlib.nullcontext)   # timed steps: no range
     prof = profiled_step(step, torch.device("cpu"))
+    assert isinstance(phase(OPTIMIZER_RANGE), contextlib.nullcontext)
     by = prof["by_class_s"]
     assert set(by) == set(KERNEL_CLASS_NAMES) - {"depthwise"}
     assert math.isclose(sum(by.values()), prof["device_s"], rel_tol=1e-9)

@@ -258,7 +258,7 @@ def _measured(job, steps, warmup, dev, sem, say, alloc, accelerator, out, comman
             with autocast():
                 loss = bundle.loss(model(**fwd), inputs)
             (scaler.scale(loss) if scaler else loss).backward()
-        with phase(OPTIMIZER_RANGE):       # a profiler range (measure/profile.py), else free
+        with phase(OPTIMIZER_RANGE):       # a range only in a profiled step (profile.py)
             if scaler and job.max_grad_norm:
                 scaler.unscale_(opt)           # clip the true gradients (torch's AMP recipe)
             clip_gradients(params, job.max_grad_norm)
