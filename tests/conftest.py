@@ -8,6 +8,7 @@ from trainplan.spec import Job, validate
 from trainplan.trace.semantics import KernelSemantics
 from trainplan.trace.tracer import trace_step
 
+
 class AtenOps(TorchDispatchMode):
     """The aten ops run under it, in order, each as (name, arguments, result); `prim.device`, a
     query of a tensor's device that launches nothing, is left out."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..predict.timing import KERNEL_CLASS_NAMES
+
 
 @dataclass(frozen=True)
 class Row:
@@ -61,7 +63,6 @@ def kernel_comparison(rec: dict) -> list[Row]:
     pred = dict(p.get("device_by_class_s") or {})
     if pred:
         pred["conv"] = pred.get("conv", 0.0) + pred.pop("depthwise", 0.0)
-    from ..predict.timing import KERNEL_CLASS_NAMES
     meas = prof["by_class_s"]
     rows = [Row(f"  {cls}", "s", pred.get(cls) if pred else None, meas.get(cls, 0.0))
             for cls in KERNEL_CLASS_NAMES if meas.get(cls) or pred.get(cls)]

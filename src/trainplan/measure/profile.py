@@ -29,13 +29,12 @@ OPTIMIZER_RANGE = "trainplan.optimizer"
 TOP_OPS = 12                     # the ops with the most device time, kept in the record
 
 
-_PROFILING = False
-
-
 def phase(name: str):
     """A profiler range around one part of the profiled step (`OPTIMIZER_RANGE` for the
-    optimizer's); nothing in the timed steps, which a range's own dispatch would slow."""
-    return torch.profiler.record_function(name) if _PROFILING else contextlib.nullcontext()
+    optimizer's) while a profiler runs; nothing in the timed steps, which a range's own dispatch
+    would slow."""
+    return (torch.profiler.record_function(name) if torch.autograd._profiler_enabled()
+            else contextlib.nullcontext())
 
 
 @contextlib.contextmanager
@@ -79,17 +78,14 @@ def profiled_step(step, dev: torch.device) -> dict | None:
     from torch.profiler import ProfilerActivity, profile
     on_cpu = dev.type != "cuda"
     acts = [ProfilerActivity.CPU] + ([] if on_cpu else [ProfilerActivity.CUDA])
-    global _PROFILING
     prof = profile(activities=acts)
     with _quiet_stderr():
         prof.start()
-    _PROFILING = True
     try:
         step()
         if not on_cpu:
             torch.cuda.synchronize(dev)
     finally:
-        _PROFILING = False
         with _quiet_stderr():
             prof.stop()
     events = prof.events()

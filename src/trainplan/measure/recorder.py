@@ -134,7 +134,7 @@ def predict(job: Job, accel_id: str) -> Predicted:
                           "autocast_dtype": tr.semantics.autocast_dtype},
         calibrated_step_time_s=cal.step_time_s if cal_info else None, calibration=cal_info,
         host_wait_s=t.breakdown_s.get("overhead") if t is not None else None,
-        device_by_class_s=dict(t.device_by_class_s) if t is not None else None)
+        device_by_class_s=t.device_by_class_s if t is not None else None)
 
 
 class Recorder:

@@ -77,10 +77,23 @@ class StepTime:
     n_devices: int = 1
     notes: list = field(default_factory=list)
     forward_s: float = 0.0      # one micro-batch's forward alone (a reference model's pass)
-    # the step's kernel time by class (KERNEL_CLASS_NAMES): every micro-batch's forward and
-    # backward kernels, and the optimizer's as `breakdown_s` counts them (what `trainplan
-    # measure --profile` compares with the kernels a profiled step ran)
-    device_by_class_s: dict = field(default_factory=dict)
+    # what `device_by_class_s` sums, kept unsummed (each op's class, device seconds, whether it
+    # runs every micro-batch; micro-batches; the optimizer's device seconds): only `trainplan
+    # measure --profile` and the validation read it, and a plan times thousands of steps
+    by_class_parts: tuple | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def device_by_class_s(self) -> dict:
+        """The step's kernel time by class (KERNEL_CLASS_NAMES): every micro-batch's forward
+        and backward kernels, and the optimizer's as `breakdown_s` counts them (what `trainplan
+        measure --profile` compares with the kernels a profiled step ran)."""
+        if self.by_class_parts is None:
+            return {}
+        classes, seconds, per_micro_batch, k, optimizer = self.by_class_parts
+        by = np.bincount(classes[per_micro_batch], weights=seconds[per_micro_batch],
+                         minlength=len(KERNEL_CLASS_NAMES)) * k
+        by[K_OPTIM] = optimizer
+        return dict(zip(KERNEL_CLASS_NAMES, map(float, by)))
 
 
 def _rates(accel, precision: Precision) -> tuple[np.ndarray, np.ndarray]:
@@ -120,7 +133,7 @@ def op_name_class(name: str) -> int:
     elementwise or other memory-bound op. A name cannot tell a depthwise convolution (it is
     `conv`) nor an optimizer's op from the model's (the caller knows which step phase ran it)."""
     op = name.split("::", 1)[-1]
-    if "conv" in op and not op.startswith("_foreach"):
+    if "conv" in op:
         return K_CONV
     if op in _gemm_op_names():
         return K_MATMUL
@@ -443,13 +456,10 @@ def estimate_step_time(trace, accel, job, calibration: TimeParams | None = None,
     kinds = {"compute": breakdown["compute"], "memory": breakdown["memory_bound"]
              + breakdown["overhead"] + opt, "communication": comm, "data": data_wait,
              "offload": host_update}
-    by_class = np.bincount(kernel_classes(table)[mb], weights=td[mb],
-                           minlength=len(KERNEL_CLASS_NAMES)) * k
-    by_class[K_OPTIM] = opt
     return StepTime(step, breakdown, samples, samples * tps if tps else None, mfu,
                     max(kinds, key=kinds.get), XLA_COMPILE_S if accel.kind == "tpu" else None,
                     n, notes, forward_s=t_fwd,
-                    device_by_class_s=dict(zip(KERNEL_CLASS_NAMES, map(float, by_class))))
+                    by_class_parts=(kernel_classes(table), td, mb, k, opt))
 
 
 def _timed(table: OpTable, accel, precision: Precision, p: TimeParams, k: int,
