@@ -55,6 +55,7 @@ def _qlora(quantize, targets="all-linear", **kw):
 
 # the tiny reference decoder's linears, each layer (the head, lm_head, is never quantised)
 LAYER_LINEARS = [(64, 64)] * 4 + [(128, 64), (64, 128)]
+FWD, BWD = "forward", "backward"
 
 
 def test_traced_weights_are_the_quantised_layers_plus_the_rest():
@@ -69,6 +70,95 @@ def test_traced_weights_are_the_quantised_layers_plus_the_rest():
         assert tr.weight_bytes - plain.weight_bytes == delta
         assert tr.params_total == plain.params_total      # quantised weights count what they encode
         assert any("quantisation state" in n for n in tr.notes)
+
+
+def test_each_dequantisation_is_a_kernel_moving_the_codes_and_the_weight():
+    """bitsandbytes dequantises a layer's weight before its forward matmul and again in backward
+    for the input's gradient (MatMul4Bit): one kernel each time, reading the codes and their
+    state and writing the weight in the compute dtype. Under full checkpointing the backward's
+    rerun dequantises once more. The trace holds one `dequantize` op a use, with exactly those
+    bytes, and the step time pays for them (they were a `torch.empty`, which launches no kernel
+    and cost nothing)."""
+    from collections import Counter
+
+    from trainplan.accelerators import get_accelerator
+    from trainplan.predict.timing import estimate_step_time
+    linears = LAYER_LINEARS * 2
+    per_use = {NF4.weight_bytes(o, i) + 2 * o * i for o, i in linears}
+    t4 = get_accelerator("t4")
+    # without checkpointing the first block's q, k and v read the frozen embedding's output: no
+    # input gradient, no backward dequantisation; peft's reentrant checkpointing makes that
+    # input require a gradient (enable_input_require_grads), so there every layer has one
+    for ckpt, want in (("none", {(FWD, False): 12, (BWD, False): 9}),
+                       ("full", {(FWD, False): 12, (BWD, True): 12, (BWD, False): 12})):
+        job = _qlora("nf4", grad_checkpointing=ckpt)
+        ops = [r for r in trace(job).ops if r.name == "dequantize"]
+        assert Counter((r.phase, r.recompute) for r in ops) == want
+        assert {r.bytes for r in ops} == per_use
+        assert all(r.flops == 0 and r.family == "other" for r in ops)
+    # the same model with its linears bf16 and frozen: the quantised one is the slower step
+    qlora, lora = _qlora("nf4"), _qlora("none")
+    assert estimate_step_time(trace(qlora), t4, qlora).step_time_s > \
+        estimate_step_time(trace(lora), t4, lora).step_time_s
+
+
+def test_double_quantisation_rebuilds_the_scales_first():
+    """With double quantisation bitsandbytes first dequantises the 8-bit block scales to fp32
+    (`dequantize_blockwise`) and adds their offset, then runs the weight's kernel, which reads
+    those fp32 scales: three kernels a use, bytes in closed form (state in, fp32 scales out;
+    the scales read and written, and the offset read; codes and fp32 scales in, weight out)."""
+    import math
+    job = _qlora("nf4-dq", grad_checkpointing="none")
+    ops = [r for r in trace(job).ops if r.phase == FWD and r.module.endswith(".base")
+           and r.name in ("dequantize", "add_")]
+    assert [r.name for r in ops[:3]] == ["dequantize", "add_", "dequantize"]
+    expect = 0
+    for o, i in LAYER_LINEARS * 2:
+        n, blocks = o * i, math.ceil(o * i / 64)
+        state = NF4_DQ.weight_bytes(o, i) - math.ceil(n / 2)
+        expect += (state + 4 * blocks) + (8 * blocks + 4) + (math.ceil(n / 2) + 4 * blocks + 2 * n)
+    assert sum(r.bytes for r in ops) == expect
+
+
+@pytest.mark.parametrize("q,shape,in_f,fused", [
+    (NF4_DQ, (1, 1, 128), 128, True),     # one row, no autograd: bitsandbytes' fused GEMV
+    (NF4, (1, 128), 128, True),
+    (NF4_DQ, (2, 1, 128), 128, False),    # two sequences: dequantise, then the matmul
+    (NF4_DQ, (1, 1, 96), 96, False),      # hidden size not a multiple of the block: the slow path
+    (TORCHAO_NF4, (1, 1, 128), 128, False),   # torchao's linear_nf4 always dequantises
+])
+def test_one_row_without_autograd_takes_the_fused_gemv(q, shape, in_f, fused):
+    """bitsandbytes' `matmul_4bit` (0.43-0.49): a single row with no gradient wanted (a batch-1
+    decode step) and a hidden size that is a multiple of 64 runs `gemv_4bit`, reading the codes
+    and never writing a full-size weight; anything else dequantises first (MatMul4Bit)."""
+    import torch
+    import torch.nn as nn
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from trainplan.models.lora import QuantLinear
+
+    class Names(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen, self.written = [], []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func._overloadpacket.__name__)
+            out = func(*args, **(kwargs or {}))
+            if self.seen[-1] == "dequantize":
+                self.written.append(tuple(out.shape))
+            return out
+
+    with torch.device("meta"):
+        layer = QuantLinear(nn.Linear(in_f, 32, bias=False), q, torch.bfloat16)
+        x = torch.empty(shape, dtype=torch.bfloat16)
+    with torch.no_grad(), Names() as names:
+        y = layer(x)
+    assert y.shape == (*shape[:-1], 32)
+    assert ("gemv_4bit" in names.seen) == fused
+    # a full-size weight is written only where the GEMV is not taken (with double quantisation
+    # both paths first rebuild the fp32 block scales, a small `dequantize` of their own)
+    assert (layer.weight_q.shape in names.written) == (not fused)
 
 
 def test_only_old_bitsandbytes_keeps_each_input():

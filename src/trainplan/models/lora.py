@@ -8,7 +8,10 @@ QLoRA (Dettmers et al. 2023): the frozen base weights are stored packed, 4 bits 
 their quantisation state (quantization.py has each library's layout and what its matmul keeps:
 0.5625 bytes per weight for bitsandbytes NF4, 0.516 double-quantised, vs 2 for bf16). The forward
 dequantises each weight just before its matmul (a transient full-size copy of that layer, and a
-second in fp32 when the input is fp32) and backward dequantises again.
+second in fp32 when the input is fp32) and backward dequantises again. Each dequantisation is a
+kernel of its own (`dequantize`, a custom op): it reads the codes and their state and writes the
+weight, so under full checkpointing a step moves about 3 x 2.5 bytes a quantised weight for it
+(forward, the backward's rerun, backward), a cost that does not shrink with the batch.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import TrainplanError
-from ..quantization import Quantization
+from ..quantization import NF4_BLOCK, Quantization
 
 ATTN_TOKENS = ("attn", "attention")
 QKV = {"q": {"q_proj", "query", "q_lin", "query_proj", "q"},
@@ -101,7 +104,58 @@ class QuantizedWeight(nn.Module):
                                                         dtype=torch.uint8))
 
     def dequantize(self) -> torch.Tensor:
-        return torch.empty(self.shape, dtype=self.dtype, device=self.packed.device)
+        return dequantize(self.packed, self.absmax(), *self.shape, self.dtype)
+
+    def absmax(self) -> torch.Tensor:
+        """The block scales the weight's kernel reads. bitsandbytes with double quantisation
+        first rebuilds them (functional.py `dequantize_4bit` and `gemv_4bit`, `if
+        quant_state.nested`, 0.43-0.49): `dequantize_blockwise` of the 8-bit scales to fp32, then
+        `absmax += offset`, two kernels before the weight's own, which reads the fp32 scales.
+        Otherwise the state as stored (torchao's NF4Tensor rebuilds its scales inside one
+        dequantisation here: its several small kernels are not traced one by one)."""
+        if not (self.q.bnb and self.q.double_quant):
+            return self.quant_state
+        blocks = math.ceil(self.shape[0] * self.shape[1] / NF4_BLOCK)
+        absmax = dequantize(self.quant_state, self.quant_state[:0], 1, blocks, torch.float32)
+        return absmax.add_(self.quant_state[-4:].view(torch.float32))
+
+
+@torch.library.custom_op("trainplan::dequantize", mutates_args=())
+def dequantize(packed: torch.Tensor, state: torch.Tensor, rows: int, cols: int,
+               dtype: torch.dtype) -> torch.Tensor:
+    """The dequantisation kernel: reads a weight's codes and their state, writes the full-size
+    weight in `dtype` (bitsandbytes' `kDequantizeBlockwise` under `dequantize_4bit`, one thread
+    block per 64-weight block). A custom op, so the tracer records it as the one kernel it is,
+    moving those bytes (codes + state in, 2 bytes a weight out in bf16: 2.52 a weight for NF4
+    with double quantisation), where `torch.empty` launches nothing and the time model would see
+    no cost. Its values are not computed (the tracer needs bytes, not values; `trainplan
+    measure` writes random ones, measure/runner.py). LLM.int8 dequantises only in backward
+    (`CB * SCB / 127`); its forward is an int8 GEMM, emulated here as this kernel and a 16-bit
+    one (no published int8 run checks the difference)."""
+    return torch.empty((rows, cols), dtype=dtype, device=packed.device)
+
+
+@dequantize.register_fake
+def _(packed, state, rows, cols, dtype):
+    return packed.new_empty((rows, cols), dtype=dtype)
+
+
+@torch.library.custom_op("trainplan::gemv_4bit", mutates_args=())
+def gemv_4bit(x: torch.Tensor, packed: torch.Tensor, state: torch.Tensor,
+              out_features: int) -> torch.Tensor:
+    """bitsandbytes' fused 4-bit GEMV (`kgemm_4bit_inference_naive`): one row of input times the
+    packed weight, dequantising in registers; it moves the codes, their state, the row and the
+    output, and no full-size weight. Bandwidth-bound, so timed by those bytes (its 2 x in x out
+    FLOPs are a few per byte). On a real device (`trainplan measure`) it reads the codes (one
+    reduction over them) and writes small random values, as measure/runner.py's dequantisation
+    writes a weight: the same bytes, not bitsandbytes' arithmetic."""
+    packed.max()
+    return x.new_empty((*x.shape[:-1], out_features)).normal_(0.0, 0.02)
+
+
+@gemv_4bit.register_fake
+def _(x, packed, state, out_features):
+    return x.new_empty((*x.shape[:-1], out_features))
 
 
 class _QuantMatmul(torch.autograd.Function):
@@ -152,7 +206,16 @@ class QuantLinear(nn.Module):
             self.bias = nn.Parameter(torch.empty(out_f, dtype=dtype), requires_grad=False)
 
     def forward(self, x):
-        y = _QuantMatmul.apply(x, _Holder(self.weight_q, self.keeps_input))
+        q = self.weight_q.q
+        if q.bnb and q.bits == 4 and x.numel() == x.shape[-1] and not x.requires_grad \
+                and self.in_features % NF4_BLOCK == 0:
+            # bitsandbytes' matmul_4bit on one row without autograd (a batch-1 decode step):
+            # its fused GEMV reads the 4-bit codes, no dequantised weight (bitsandbytes/
+            # autograd/_functions.py `matmul_4bit` -> `F.gemv_4bit`, 0.43-0.49)
+            w = self.weight_q
+            y = gemv_4bit(x, w.packed, w.absmax(), self.out_features)
+        else:
+            y = _QuantMatmul.apply(x, _Holder(self.weight_q, self.keeps_input))
         y = y + self.bias if self.bias is not None else y
         # bitsandbytes' Linear4bit.forward computes in compute_dtype and returns
         # `out.to(inp_dtype)`: an fp32 input (after a norm that prepare_model_for_kbit_training
