@@ -121,8 +121,9 @@ def test_measured_model_is_the_traced_model(kw):
         assert tr.params_trainable == 2 * 2 * 4 * (64 + 64)
 
 
-def test_measure_grad_accum_and_qlora_runs(tmp_path):
-    job = tiny_job(grad_accum=2, lora=Lora(rank=4, alpha=8, targets="q,v"), quantize="nf4",
+@pytest.mark.parametrize("quantize", ["nf4", "nf4-dq"])
+def test_measure_grad_accum_and_qlora_runs(tmp_path, quantize):
+    job = tiny_job(grad_accum=2, lora=Lora(rank=4, alpha=8, targets="q,v"), quantize=quantize,
                    precision="bf16-amp", grad_checkpointing="selective")
     rec, path = run_measurement(job, steps=2, warmup=1, out=tmp_path / "r.jsonl")
     assert path == tmp_path / "r.jsonl" and len(read_records(path)) == 1
@@ -455,6 +456,27 @@ def test_measure_generate_times_hf_generate_and_calibrates_apart(tmp_path, capsy
                  "--format", "json"]) == 0
     est = json.loads(capsys.readouterr().out)
     assert any("t4:generate" in n for n in est["notes"])
+
+
+def test_measure_generate_runs_a_4bit_model_at_batch_1(tmp_path, capsys, monkeypatch):
+    """One sequence, no autograd: the quantised layers take bitsandbytes' fused GEMV path
+    (models/lora.py gemv_4bit), which on a real device reads the codes and writes values a
+    decode can go on from; with double quantisation the block scales are rebuilt first."""
+    from trainplan.models import lora
+    calls = []
+    gemv = lora.gemv_4bit
+    monkeypatch.setattr(lora, "gemv_4bit", lambda *a: calls.append(1) or gemv(*a))
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY_LLAMA))
+    out = tmp_path / "gen.jsonl"
+    rc = main(["measure", "--model", f"hf:{cfg}", "--task", "generate", "--batch-size", "1",
+               "--prompt-len", "8", "--completion-len", "4", "--steps", "2", "--warmup", "1",
+               "--device", "cpu", "--quantize", "nf4-dq", "--lora-rank", "4", "--out", str(out)])
+    assert rc == 0
+    capsys.readouterr()
+    (rec,) = read_records(out)
+    assert rec["measured"]["tokens_per_s"] > 0 and rec["settings"]["completion_len"] == 4
+    assert calls       # the decode steps' quantised layers (the prefill's 8 rows dequantise)
 
 
 def test_a_record_left_half_written_is_skipped_and_said(tmp_path, measured):

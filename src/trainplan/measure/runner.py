@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import shlex
 import sys
@@ -153,8 +154,14 @@ def _dequantize_for_real(model: torch.nn.Module) -> None:
             with torch.no_grad():
                 m.bias.zero_()
         if isinstance(m, QuantizedWeight):
-            m.dequantize = (lambda q=m: torch.empty(q.shape, dtype=q.dtype,
-                                                    device=q.packed.device).normal_(0, INIT_STD))
+            m.dequantize = functools.partial(_random_weight, m)
+
+
+def _random_weight(q: QuantizedWeight) -> torch.Tensor:
+    """What a real run's dequantisation writes: the block scales rebuilt first where the traced
+    kernels rebuild them (double quantisation, QuantizedWeight.absmax), then a full-size weight."""
+    q.absmax()
+    return torch.empty(q.shape, dtype=q.dtype, device=q.packed.device).normal_(0, INIT_STD)
 
 
 @contextlib.contextmanager
