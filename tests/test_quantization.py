@@ -11,7 +11,7 @@ from trainplan.models.lora import QuantizedWeight
 from trainplan.quantization import FP4, INT8, NF4, NF4_DQ, NONE, TORCHAO_NF4, parse
 from trainplan.spec import Lora
 
-from conftest import tiny_job, trace
+from conftest import AtenOps, tiny_job, trace
 
 SHAPES = [(4096, 4096), (11008, 4096), (64, 128), (3, 5)]
 
@@ -133,32 +133,20 @@ def test_one_row_without_autograd_takes_the_fused_gemv(q, shape, in_f, fused):
     and never writing a full-size weight; anything else dequantises first (MatMul4Bit)."""
     import torch
     import torch.nn as nn
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     from trainplan.models.lora import QuantLinear
-
-    class Names(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.seen, self.written = [], []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.seen.append(func._overloadpacket.__name__)
-            out = func(*args, **(kwargs or {}))
-            if self.seen[-1] == "dequantize":
-                self.written.append(tuple(out.shape))
-            return out
 
     with torch.device("meta"):
         layer = QuantLinear(nn.Linear(in_f, 32, bias=False), q, torch.bfloat16)
         x = torch.empty(shape, dtype=torch.bfloat16)
-    with torch.no_grad(), Names() as names:
+    with torch.no_grad(), AtenOps() as ops:
         y = layer(x)
     assert y.shape == (*shape[:-1], 32)
-    assert ("gemv_4bit" in names.seen) == fused
+    assert ("gemv_4bit" in ops.names) == fused
     # a full-size weight is written only where the GEMV is not taken (with double quantisation
     # both paths first rebuild the fp32 block scales, a small `dequantize` of their own)
-    assert (layer.weight_q.shape in names.written) == (not fused)
+    written = [tuple(out.shape) for name, _, out in ops.calls if name == "dequantize"]
+    assert (layer.weight_q.shape in written) == (not fused)
 
 
 def test_only_old_bitsandbytes_keeps_each_input():

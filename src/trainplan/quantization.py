@@ -31,7 +31,10 @@ layer's input stayed live until its backward although grad_A needs only the weig
 activation", 2024-07-16) keeps `(None, B)`: no activation of its own, which 0.44-0.50 and main
 still do. Today's release is the default (`KernelSemantics.bnb4_keeps_input`, trace/semantics.py,
 is True only where a run states an older one: LitGPT's resource tables ran 0.41.1). LLM.int8's
-`MatMul8bitLt` keeps `(CAt, subA, A)` in every release. torchao's `linear_nf4` saves only the NF4
+`MatMul8bitLt` keeps `(CAt, subA, A)` in every release. One row without autograd (a batch-1
+decode step) skips all this in bitsandbytes' 4-bit layer when its input width is a multiple of
+the block: `matmul_4bit` runs `gemv_4bit`, which dequantises in registers and writes no weight
+(`if A.numel() == A.shape[-1] and A.requires_grad == False`, 0.43.3 and 0.49.0). torchao's `linear_nf4` saves only the NF4
 weight (`ctx.save_for_backward(weight)`; backward is `grad_output @ weight.to(dtype)`).
 
 Compute dtype. `Linear4bit.set_compute_type` (bitsandbytes >= 0.42) computes in the input's dtype
@@ -82,10 +85,21 @@ class Quantization(Named):
         """Needs bitsandbytes (CUDA kernels; compat.py)."""
         return self.library == "bitsandbytes"
 
+    @property
+    def bnb4(self) -> bool:
+        """bitsandbytes' 4-bit layer (Linear4bit, `matmul_4bit`)."""
+        return self.bnb and self.bits == 4
+
     def keeps_input_in(self, old_bnb4: bool = False) -> bool:
         """Does the quantised matmul keep its input for backward: today's release, or with
         `old_bnb4` a 4-bit bitsandbytes release before 0.43.2 (module docstring)."""
-        return self.keeps_input or (old_bnb4 and self.bnb and self.bits == 4)
+        return self.keeps_input or (old_bnb4 and self.bnb4)
+
+    def fused_gemv(self, in_features: int) -> bool:
+        """Does one row of input without autograd (a batch-1 decode step) take a fused GEMV that
+        writes no dequantised weight: bitsandbytes' 4-bit `matmul_4bit` where the input width is
+        a multiple of its block (module docstring)."""
+        return self.bnb4 and in_features % NF4_BLOCK == 0
 
     def weight_bytes(self, out_features: int, in_features: int) -> int:
         """Bytes of one quantised (out x in) weight with its quantisation state (module docstring)."""

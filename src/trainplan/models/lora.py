@@ -206,21 +206,18 @@ class QuantLinear(nn.Module):
             self.bias = nn.Parameter(torch.empty(out_f, dtype=dtype), requires_grad=False)
 
     def forward(self, x):
-        q = self.weight_q.q
-        if q.bnb and q.bits == 4 and x.numel() == x.shape[-1] and not x.requires_grad \
-                and self.in_features % NF4_BLOCK == 0:
-            # bitsandbytes' matmul_4bit on one row without autograd (a batch-1 decode step):
-            # its fused GEMV reads the 4-bit codes, no dequantised weight (bitsandbytes/
-            # autograd/_functions.py `matmul_4bit` -> `F.gemv_4bit`, 0.43-0.49)
-            w = self.weight_q
+        w = self.weight_q
+        if x.numel() == x.shape[-1] and not x.requires_grad and w.q.fused_gemv(self.in_features):
+            # one row without autograd (a batch-1 decode step): bitsandbytes' fused GEMV reads
+            # the 4-bit codes, no dequantised weight (quantization.py)
             y = gemv_4bit(x, w.packed, w.absmax(), self.out_features)
         else:
-            y = _QuantMatmul.apply(x, _Holder(self.weight_q, self.keeps_input))
+            y = _QuantMatmul.apply(x, _Holder(w, self.keeps_input))
         y = y + self.bias if self.bias is not None else y
         # bitsandbytes' Linear4bit.forward computes in compute_dtype and returns
         # `out.to(inp_dtype)`: an fp32 input (after a norm that prepare_model_for_kbit_training
         # keeps in fp32) gives an fp32 output, and the residual stream stays fp32
-        return y.to(x.dtype) if self.weight_q.q.bnb else y
+        return y.to(x.dtype) if w.q.bnb else y
 
 
 class LoraLinear(nn.Module):
