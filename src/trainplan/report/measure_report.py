@@ -43,15 +43,8 @@ def measure_text(rec: dict, path) -> None:
         c.print(f"[bold]{job['model']}[/bold], micro-batch {job.get('batch_size', 1)} x "
                 f"{job.get('grad_accum', 1)}, {job.get('precision', 'fp32')}, on {where}: "
                 f"{m['steps']} timed steps after {m['warmup_steps']} warm-up")
-    tab = Table(title="predicted against measured (GiB = 2^30 bytes; error = predicted / "
-                      "measured - 1)", show_edge=False)
-    for col, just in (("quantity", "left"), ("predicted", "right"), ("measured", "right"),
-                      ("error", "right")):
-        tab.add_column(col, justify=just)
-    for r in comparison(rec):
-        err = f"{r.error:+.1%}" if r.error is not None else "-"
-        tab.add_row(r.quantity, _fmt(r.predicted, r.unit), _fmt(r.measured, r.unit), err)
-    c.print(tab)
+    c.print(_comparison_table("predicted against measured (GiB = 2^30 bytes; error = "
+                              "predicted / measured - 1)", "quantity", comparison(rec)))
     _kernel_table(rec)
     spread = sorted(m["step_times_s"])
     what = "generate calls" if rec["source"] == "measure-generate" else "step times"
@@ -76,19 +69,26 @@ def _kernel_table(rec: dict) -> None:
     if not rows:
         return
     prof = rec["measured"]["profile"]
-    tab = Table(title=f"device time a step, by kernel class (one profiled step, "
-                      f"{prof['device']})", show_edge=False)
-    for col, just in (("kernels", "left"), ("predicted", "right"), ("measured", "right"),
+    c = console()
+    c.print(_comparison_table(f"device time a step, by kernel class (one profiled step, "
+                              f"{prof['device']})", "kernels", rows))
+    top = ", ".join(f"{o['op'].removeprefix('aten::')} {fmt_seconds(o['device_s'])}"
+                    for o in prof["top_ops"][:5])
+    if top:
+        c.print(f"busiest ops: {top}")
+
+
+def _comparison_table(title: str, first: str, rows) -> Table:
+    """Predicted against measured rows (measure/compare.py Row) as a table: `first` names the
+    quantities' column."""
+    tab = Table(title=title, show_edge=False)
+    for col, just in ((first, "left"), ("predicted", "right"), ("measured", "right"),
                       ("error", "right")):
         tab.add_column(col, justify=just)
     for r in rows:
         err = f"{r.error:+.1%}" if r.error is not None else "-"
         tab.add_row(r.quantity, _fmt(r.predicted, r.unit), _fmt(r.measured, r.unit), err)
-    console().print(tab)
-    top = ", ".join(f"{o['op'].removeprefix('aten::')} {fmt_seconds(o['device_s'])}"
-                    for o in prof["top_ops"][:5])
-    if top:
-        console().print(f"busiest ops: {top}")
+    return tab
 
 
 def calibrate_text(cals: dict, path, kept: list[str], skipped: list[str],
